@@ -1,0 +1,230 @@
+//! `pld generate`: one prompt in, text streamed out (or one JSON object), with `--compare` to run
+//! plain and speculative greedy decoding side by side.
+
+use crate::spec::{SpecArgs, Speculation};
+use clap::Args;
+use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message, SamplingParams};
+use serde_json::json;
+use std::io::Write;
+
+pub const DEFAULT_MODEL: &str = "qwen-coder-1.5b";
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Model alias (fetched on first use) or path to a .gguf file.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// The prompt text.
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    pub prompt_file: Option<std::path::PathBuf>,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message (with --chat).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// 0 means greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text is produced (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// KV cache size in tokens (default: the model's context length).
+    #[arg(long, alias = "max-model-len")]
+    pub ctx_size: Option<usize>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Run plain greedy and speculative greedy on the same prompt and compare them.
+    #[arg(long)]
+    pub compare: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+impl GenerateArgs {
+    pub fn config(&self, spec: &Speculation) -> GenerationConfig {
+        let mut c = GenerationConfig {
+            max_new_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                do_sample: self.temperature > 0.0,
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+            },
+            seed: self.seed,
+            stop: self.stop.clone(),
+            ..Default::default()
+        };
+        spec.apply(&mut c);
+        c
+    }
+
+    fn prompt_text(&self, lm: &LoadedModel) -> anyhow::Result<String> {
+        let raw = match (&self.prompt, &self.prompt_file) {
+            (Some(p), _) => p.clone(),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("cannot read --prompt-file {}: {e}", f.display()))?,
+            (None, None) => anyhow::bail!("give --prompt or --prompt-file"),
+        };
+        if !self.chat {
+            return Ok(raw);
+        }
+        let mut messages = Vec::new();
+        if let Some(s) = &self.system {
+            messages.push(Message::new("system", s));
+        }
+        messages.push(Message::new("user", &raw));
+        Ok(lm.render_chat(&messages)?)
+    }
+}
+
+pub fn output_json(out: &GenerationOutput, spec: &Speculation) -> serde_json::Value {
+    json!({
+        "text": out.text,
+        "token_ids": out.token_ids,
+        "prompt_token_ids": out.prompt_token_ids,
+        "finish_reason": out.finish_reason,
+        "usage": {
+            "prompt_tokens": out.prompt_token_ids.len(),
+            "completion_tokens": out.token_ids.len(),
+        },
+        "timing": {
+            "prefill_ms": out.prefill_time.as_secs_f64() * 1e3,
+            "decode_ms": out.decode_time.as_secs_f64() * 1e3,
+            "prefill_tokens_per_s": out.prefill_tokens_per_s(),
+            "decode_tokens_per_s": out.decode_tokens_per_s(),
+        },
+        "speculation": {
+            "method": if spec.num_tokens > 0 { "ngram" } else { "none" },
+            "num_speculative_tokens": spec.num_tokens,
+            "prompt_lookup_max": spec.max_n,
+            "prompt_lookup_min": spec.min_n,
+            "match_policy": spec.policy.to_string(),
+            "steps": out.stats.steps,
+            "draft_tokens": out.stats.draft_tokens,
+            "accepted_tokens": out.stats.accepted_tokens,
+            "acceptance_rate": out.stats.acceptance_rate(),
+            "mean_accepted_tokens": out.stats.mean_accepted_tokens(),
+            "propose_us_per_step": out.stats.propose_us_per_step(),
+        },
+    })
+}
+
+fn summary_line(out: &GenerationOutput) -> String {
+    format!(
+        "prompt {} tokens, {} new tokens ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s; {:.2} tokens/step, {} of {} drafts accepted",
+        out.prompt_token_ids.len(),
+        out.token_ids.len(),
+        out.finish_reason,
+        out.prefill_tokens_per_s(),
+        out.decode_tokens_per_s(),
+        out.stats.mean_accepted_tokens(),
+        out.stats.accepted_tokens,
+        out.stats.draft_tokens,
+    )
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let threads = crate::init_threads(args.threads)?;
+    let spec = args.spec.resolve()?;
+    let lm = crate::load_model(&args.model)?;
+    let prompt = args.prompt_text(&lm)?;
+    let ctx = args.ctx_size.unwrap_or(lm.model.config.context_len);
+    if args.compare {
+        return compare(&args, &lm, &prompt, ctx, spec, threads);
+    }
+    let config = args.config(&spec);
+    let stdout = std::io::stdout();
+    let out = lm.generate_text(&prompt, config, ctx, |t| {
+        if !args.json {
+            let mut o = stdout.lock();
+            let _ = o.write_all(t.as_bytes());
+            let _ = o.flush();
+        }
+    })?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&output_json(&out, &spec))?
+        );
+    } else {
+        println!();
+        eprintln!("{}", summary_line(&out));
+    }
+    Ok(())
+}
+
+fn compare(
+    args: &GenerateArgs,
+    lm: &LoadedModel,
+    prompt: &str,
+    ctx: usize,
+    spec: Speculation,
+    threads: usize,
+) -> anyhow::Result<()> {
+    if args.temperature > 0.0 {
+        anyhow::bail!("--compare runs greedy decoding: drop --temperature");
+    }
+    if spec.num_tokens == 0 {
+        anyhow::bail!("--compare needs speculation on (--num-speculative-tokens > 0)");
+    }
+    let plain_spec = Speculation {
+        num_tokens: 0,
+        ..spec
+    };
+    // A short warm-up so the first timed run does not pay for page faults.
+    let mut warm = args.config(&plain_spec);
+    warm.max_new_tokens = 4;
+    lm.generate_text(prompt, warm, ctx, |_| {})?;
+    let baseline = lm.generate_text(prompt, args.config(&plain_spec), ctx, |_| {})?;
+    let speculative = lm.generate_text(prompt, args.config(&spec), ctx, |_| {})?;
+    let identical = baseline.token_ids == speculative.token_ids;
+    let speedup =
+        baseline.decode_time.as_secs_f64() / speculative.decode_time.as_secs_f64().max(1e-9);
+    if args.json {
+        let v = json!({
+            "model": lm.name,
+            "threads": threads,
+            "baseline": output_json(&baseline, &plain_spec),
+            "speculative": output_json(&speculative, &spec),
+            "identical": identical,
+            "speedup": speedup,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", speculative.text);
+        eprintln!("plain:       {}", summary_line(&baseline));
+        eprintln!("speculative: {}", summary_line(&speculative));
+        eprintln!("identical: {identical}, speedup: {speedup:.2}x");
+    }
+    if !identical {
+        anyhow::bail!("speculative output differs from plain decoding");
+    }
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! Draft tokens for speculative decoding by prompt lookup.
+//!
+//! Prompt lookup decoding guesses the next tokens of a generation by finding
+//! the current suffix of the sequence (the prompt followed by every accepted
+//! token) earlier in that sequence, and proposing the tokens that followed
+//! it there. The model then verifies the draft in one forward pass. This
+//! crate is the drafting half: it works on token ids only and knows nothing
+//! of models.
+//!
+//! At each step the longest suffix n-gram with `min_n <= n <= max_n` that
+//! also occurs earlier (with at least one token after it) is looked up,
+//! trying `max_n` first; the tokens after the occurrence picked by the
+//! [`MatchPolicy`], up to `k` of them and up to the end of the sequence, are
+//! the draft.
+//!
+//! [`NgramIndex`] keeps a hash map per n-gram size from each n-gram to its
+//! occurrences, updated as tokens are pushed (and rewound by
+//! [`NgramIndex::truncate`]), so a proposal costs the same at any context
+//! length. [`propose_by_scan`] is the simple O(context) scan with the same
+//! semantics under [`MatchPolicy::Recent`].
+//!
+//! ```
+//! use drafting::{NgramConfig, NgramIndex};
+//!
+//! let config = NgramConfig::new(1, 3).unwrap();
+//! let mut index = NgramIndex::with_tokens(config, &[5, 6, 7, 8, 9, 1, 2]);
+//! index.extend(&[5, 6]);
+//! let mut draft = Vec::new();
+//! let m = index.propose(2, &mut draft).unwrap();
+//! assert_eq!((m.n, m.start, m.len), (2, 0, 2));
+//! assert_eq!(draft, [7, 8]);
+//! ```
+
+mod config;
+mod hash;
+mod index;
+mod scan;
+
+pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
+pub use index::NgramIndex;
+pub use scan::propose_by_scan;
+
+/// Where a proposal came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// Size of the matched suffix n-gram.
+    pub n: usize,
+    /// Index of the first token of the earlier occurrence.
+    pub start: usize,
+    /// Number of tokens proposed (at most `k`; fewer near the end of the
+    /// sequence).
+    pub len: usize,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! Property tests: the index and the scan against a brute-force search.
+
+use drafting::{propose_by_scan, Match, MatchPolicy, NgramConfig, NgramIndex, MAX_NGRAM};
+use proptest::prelude::*;
+
+/// Every earlier occurrence (by start) of the suffix n-gram, for the largest
+/// n in `min_n..=max_n` that has one, straight from the definition.
+fn occurrences(tokens: &[u32], min_n: usize, max_n: usize) -> Option<(usize, Vec<usize>)> {
+    let len = tokens.len();
+    for n in (min_n..=max_n).rev() {
+        if n > len {
+            continue;
+        }
+        let suffix = &tokens[len - n..];
+        // The occurrence must end at or before len - 2.
+        let starts: Vec<usize> = (0..len)
+            .filter(|&s| s + n < len && &tokens[s..s + n] == suffix)
+            .collect();
+        if !starts.is_empty() {
+            return Some((n, starts));
+        }
+    }
+    None
+}
+
+/// The expected proposal for `policy`, by brute force.
+fn expected(
+    tokens: &[u32],
+    min_n: usize,
+    max_n: usize,
+    k: usize,
+    policy: MatchPolicy,
+) -> Option<(Match, Vec<u32>)> {
+    let (n, starts) = occurrences(tokens, min_n, max_n)?;
+    let first = starts[0];
+    let last = *starts.last().unwrap();
+    let supply = |s: usize| k.min(tokens.len() - (s + n));
+    let start = match policy {
+        MatchPolicy::Recent => last,
+        MatchPolicy::Earliest => first,
+        MatchPolicy::LongestContinuation => {
+            if supply(first) > supply(last) {
+                first
+            } else {
+                last
+            }
+        }
+    };
+    let cont: Vec<u32> = tokens[start + n..].iter().take(k).copied().collect();
+    Some((
+        Match {
+            n,
+            start,
+            len: cont.len(),
+        },
+        cont,
+    ))
+}
+
+/// Checks one proposal of `index` against the brute force, and the scan.
+fn check(index: &NgramIndex, k: usize) -> Result<(), TestCaseError> {
+    let cfg = index.config();
+    let tokens = index.tokens();
+    let mut out = vec![123];
+    let got = index.propose(k, &mut out);
+    let want = expected(tokens, cfg.min_n, cfg.max_n, k, cfg.policy);
+    match (&got, &want) {
+        (None, None) => prop_assert!(out.is_empty()),
+        (Some(m), Some((wm, wout))) => {
+            // Spelled out so a failure says which property broke.
+            prop_assert_eq!(m.n, wm.n, "different n");
+            let (n, start) = (m.n, m.start);
+            prop_assert!(
+                start + n < tokens.len(),
+                "occurrence must end before the last position"
+            );
+            prop_assert_eq!(
+                &tokens[start..start + n],
+                &tokens[tokens.len() - n..],
+                "not the suffix n-gram"
+            );
+            prop_assert_eq!(start, wm.start, "wrong occurrence for {}", cfg.policy);
+            prop_assert_eq!(
+                &out[..],
+                &tokens[start + n..start + n + m.len],
+                "not the continuation"
+            );
+            prop_assert_eq!(m, wm);
+            prop_assert_eq!(&out, wout);
+        }
+        _ => prop_assert!(
+            false,
+            "index {:?} vs brute force {:?} on {:?}",
+            got,
+            want,
+            tokens
+        ),
+    }
+    if cfg.policy == MatchPolicy::Recent {
+        let mut scan_out = Vec::new();
+        let scan = propose_by_scan(tokens, cfg.min_n, cfg.max_n, k, &mut scan_out);
+        prop_assert_eq!(scan, got);
+        prop_assert_eq!(scan_out, out);
+    }
+    Ok(())
+}
+
+fn policy() -> impl Strategy<Value = MatchPolicy> {
+    prop_oneof![
+        Just(MatchPolicy::Recent),
+        Just(MatchPolicy::Earliest),
+        Just(MatchPolicy::LongestContinuation)
+    ]
+}
+
+/// A valid (min_n, max_n), mostly small.
+fn sizes() -> impl Strategy<Value = (usize, usize)> {
+    (1usize..=6, 0usize..=4).prop_map(|(min_n, extra)| (min_n, (min_n + extra).min(MAX_NGRAM)))
+}
+
+/// Tokens over a random small alphabet (1..=5 symbols) or a large one.
+fn sequence(max_len: usize) -> impl Strategy<Value = Vec<u32>> {
+    prop_oneof![
+        3 => (1u32..=5).prop_flat_map(move |a| prop::collection::vec(0..a, 0..max_len)),
+        1 => prop::collection::vec(any::<u32>(), 0..max_len),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Push(u32),
+    Extend(Vec<u32>),
+    Truncate(usize),
+    Propose(usize),
+}
+
+fn op(alphabet: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..alphabet).prop_map(Op::Push),
+        1 => prop::collection::vec(0..alphabet, 0..12).prop_map(Op::Extend),
+        2 => (0usize..80).prop_map(Op::Truncate),
+        4 => (0usize..10).prop_map(Op::Propose),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A fresh index over a random sequence proposes what the brute force
+    /// finds, after every prefix.
+    #[test]
+    fn every_prefix_matches_brute_force(
+        tokens in sequence(64),
+        (min_n, max_n) in sizes(),
+        k in 0usize..12,
+        policy in policy(),
+    ) {
+        let cfg = NgramConfig::new(min_n, max_n).unwrap().with_policy(policy);
+        let mut index = NgramIndex::new(cfg);
+        check(&index, k)?;
+        for &t in &tokens {
+            index.push(t);
+            check(&index, k)?;
+        }
+        let built = NgramIndex::with_tokens(cfg, &tokens);
+        check(&built, k)?;
+    }
+
+    /// Random interleavings of push / extend / truncate / propose, compared
+    /// after every step with the brute force (and with a freshly built
+    /// index, which must agree on the same policy).
+    #[test]
+    fn interleaved_operations(
+        alphabet in 1u32..=4,
+        (min_n, max_n) in sizes(),
+        policy in policy(),
+        seed_ops in prop::collection::vec(op(4), 1..120),
+    ) {
+        let cfg = NgramConfig::new(min_n, max_n).unwrap().with_policy(policy);
+        let mut index = NgramIndex::new(cfg);
+        let mut model: Vec<u32> = Vec::new();
+        for o in seed_ops {
+            match o {
+                Op::Push(t) => {
+                    let t = t % alphabet;
+                    index.push(t);
+                    model.push(t);
+                }
+                Op::Extend(ts) => {
+                    let ts: Vec<u32> = ts.into_iter().map(|t| t % alphabet).collect();
+                    index.extend(&ts);
+                    model.extend_from_slice(&ts);
+                }
+                Op::Truncate(len) => {
+                    index.truncate(len);
+                    model.truncate(len);
+                }
+                Op::Propose(k) => {
+                    prop_assert_eq!(index.tokens(), &model[..]);
+                    check(&index, k)?;
+                    let fresh = NgramIndex::with_tokens(cfg, &model);
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    prop_assert_eq!(index.propose(k, &mut a), fresh.propose(k, &mut b));
+                    prop_assert_eq!(a, b);
+                }
+            }
+            prop_assert_eq!(index.len(), model.len());
+            check(&index, 4)?;
+        }
+    }
+
+    /// The scan equals the index with the Recent policy on any sizes,
+    /// including out-of-range ones the index sanitizes.
+    #[test]
+    fn scan_equals_recent_index(
+        tokens in sequence(200),
+        min_n in 0usize..8,
+        max_n in 0usize..(MAX_NGRAM + 4),
+        k in 0usize..20,
+    ) {
+        let raw = NgramConfig { min_n, max_n, policy: MatchPolicy::Recent };
+        let index = NgramIndex::with_tokens(raw, &tokens);
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        let got = index.propose(k, &mut a);
+        let scan = propose_by_scan(&tokens, min_n, max_n.min(MAX_NGRAM), k, &mut b);
+        prop_assert_eq!(got, scan);
+        prop_assert_eq!(a, b);
+    }
+
+    /// Long sequences with copied spans: the index and brute force agree at
+    /// the end, for every policy.
+    #[test]
+    fn long_sequence_with_copies(
+        base in prop::collection::vec(0u32..50, 100..400),
+        copies in prop::collection::vec((0usize..400, 1usize..30), 0..10),
+        k in 1usize..16,
+        (min_n, max_n) in sizes(),
+    ) {
+        let mut tokens = base.clone();
+        for (from, span) in copies {
+            let from = from % tokens.len();
+            let to = (from + span).min(tokens.len());
+            let piece = tokens[from..to].to_vec();
+            tokens.extend(piece);
+        }
+        for p in MatchPolicy::ALL {
+            let cfg = NgramConfig::new(min_n, max_n).unwrap().with_policy(p);
+            let index = NgramIndex::with_tokens(cfg, &tokens);
+            check(&index, k)?;
+        }
+    }
+}

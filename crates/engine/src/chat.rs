@@ -1,0 +1,87 @@
+//! The model's chat template (`tokenizer.chat_template`), rendered with minijinja the way Hugging
+//! Face renders it: Jinja2 semantics with trimmed blocks, Python string methods (`.strip()`),
+//! `raise_exception`, `tojson`, and `add_generation_prompt`.
+
+use crate::error::{EngineError, Result};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+fn raise_exception(msg: String) -> std::result::Result<String, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| EngineError::ChatTemplate(format!("cannot parse the template: {e}")))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| EngineError::ChatTemplate(format!("rendering failed: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_methods_and_exceptions() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}[{{ m.content.strip() }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}",
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        let out = t.render(&[Message::new("user", "  hi  ")], true).unwrap();
+        assert_eq!(out, "[hi]>");
+        let e = t.render(&[Message::new("bad", "x")], false).unwrap_err();
+        assert!(e.to_string().contains("no bad roles"), "{e}");
+    }
+
+    #[test]
+    fn parse_errors_are_reported() {
+        assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+    }
+}

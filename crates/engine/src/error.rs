@@ -1,0 +1,38 @@
+//! Errors the engine reports to its callers. Every variant names the problem in words a user can act on.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("model file not found: {0}")]
+    ModelNotFound(PathBuf),
+    #[error("cannot read model file {path}: {reason}")]
+    BadModelFile { path: PathBuf, reason: String },
+    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    UnsupportedArchitecture(String),
+    #[error("tensor '{name}' has type {dtype}, which pld cannot compute with")]
+    UnsupportedTensorType { name: String, dtype: String },
+    #[error("model metadata is missing or wrong: {0}")]
+    BadMetadata(String),
+    #[error("prompt is too long: {prompt_tokens} tokens, but the context holds {context_len} (room must be left for at least one new token)")]
+    PromptTooLong {
+        prompt_tokens: usize,
+        context_len: usize,
+    },
+    #[error("context is full: {needed} positions needed, the cache holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("invalid generation settings: {0}")]
+    InvalidConfig(String),
+    #[error("unknown model '{0}': give a path to a .gguf file or one of the aliases: {1}")]
+    UnknownModel(String, String),
+    #[error("fetching model: {0}")]
+    Fetch(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,528 @@
+//! The generation loop. A `Sequence` is one request's state (tokens, KV cache, n-gram index,
+//! sampler, stop rules, statistics); `step` advances any set of sequences by one forward pass, each
+//! with its own prompt chunk or its own [last token + drafts]. `generate` is `step` over a batch of
+//! one; the server drives the same `step` over many.
+
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{BatchItem, Model};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::{TextStream, Tokenizer};
+use crate::verify::verify;
+use drafting::{MatchPolicy, NgramConfig, NgramIndex};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// Prompt tokens fed per forward pass during prefill.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Default number of drafted tokens per step (see the README's Benchmarks section).
+pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
+pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 3;
+pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
+
+/// Settings of one generation, named as in Hugging Face's `GenerationConfig` where it has them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GenerationConfig {
+    pub max_new_tokens: usize,
+    #[serde(flatten)]
+    pub sampling: SamplingParams,
+    pub seed: Option<u64>,
+    /// Tokens drafted per step by prompt lookup; 0 turns speculation off.
+    pub prompt_lookup_num_tokens: usize,
+    /// The longest n-gram matched (vLLM's `prompt_lookup_max`).
+    pub max_matching_ngram_size: usize,
+    /// The shortest n-gram matched (vLLM's `prompt_lookup_min`).
+    pub prompt_lookup_min: usize,
+    /// Which earlier occurrence of the n-gram to copy from.
+    #[serde(skip)]
+    pub match_policy: MatchPolicy,
+    /// Strings that end generation; they are not part of the output text.
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_new_tokens: 256,
+            sampling: SamplingParams::default(),
+            seed: None,
+            prompt_lookup_num_tokens: DEFAULT_NUM_SPECULATIVE_TOKENS,
+            max_matching_ngram_size: DEFAULT_PROMPT_LOOKUP_MAX,
+            prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
+            match_policy: MatchPolicy::default(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl GenerationConfig {
+    pub fn validate(&self) -> Result<()> {
+        self.sampling
+            .validate()
+            .map_err(EngineError::InvalidConfig)?;
+        if self.max_new_tokens == 0 {
+            return Err(EngineError::InvalidConfig(
+                "max_new_tokens must be at least 1".into(),
+            ));
+        }
+        if self.prompt_lookup_num_tokens > 0 {
+            self.ngram_config()?;
+        }
+        Ok(())
+    }
+
+    fn ngram_config(&self) -> Result<NgramConfig> {
+        let mut c = NgramConfig::new(self.prompt_lookup_min, self.max_matching_ngram_size)
+            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+        c.policy = self.match_policy;
+        Ok(c)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_new_tokens` reached, or the context is full.
+    Length,
+}
+
+/// What speculation did during one generation.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpecStats {
+    /// Forward passes while decoding (prefill excluded).
+    pub steps: usize,
+    /// Tokens drafted and sent to verification.
+    pub draft_tokens: usize,
+    /// Drafted tokens the verifier kept.
+    pub accepted_tokens: usize,
+    /// Tokens emitted by decode steps (every token but the first, which prefill yields).
+    pub decode_tokens: usize,
+    #[serde(skip)]
+    pub propose_time: Duration,
+}
+
+impl SpecStats {
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.draft_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.draft_tokens as f64
+        }
+    }
+
+    /// Tokens per decoding forward pass (1.0 for plain decoding).
+    pub fn mean_accepted_tokens(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.decode_tokens as f64 / self.steps as f64
+        }
+    }
+
+    pub fn propose_us_per_step(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.propose_time.as_secs_f64() * 1e6 / self.steps as f64
+        }
+    }
+}
+
+enum Phase {
+    /// Prompt tokens fed so far.
+    Prefill(usize),
+    /// The last emitted token, not yet in the cache.
+    Decode(u32),
+    Finished(FinishReason),
+}
+
+pub struct Sequence {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    cache: KvCache,
+    index: Option<NgramIndex>,
+    config: GenerationConfig,
+    rng: ChaCha8Rng,
+    phase: Phase,
+    stream: TextStream,
+    /// Output text, stop strings removed; `text[..released]` has been handed out.
+    text: String,
+    released: usize,
+    pub stats: SpecStats,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    /// Test hook: forces the first speculative step to emit a different token.
+    pub corrupt_for_test: bool,
+}
+
+impl Sequence {
+    /// A new sequence over `prompt` with a KV cache of `context_len` positions (at most the
+    /// model's own context).
+    pub fn new(
+        model: &Model,
+        prompt: Vec<u32>,
+        config: GenerationConfig,
+        context_len: usize,
+    ) -> Result<Self> {
+        config.validate()?;
+        let capacity = context_len.min(model.config.context_len);
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidConfig("the prompt is empty".into()));
+        }
+        if prompt.len() >= capacity {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                context_len: capacity,
+            });
+        }
+        if let Some(&bad) = prompt
+            .iter()
+            .find(|&&t| t as usize >= model.config.vocab_size)
+        {
+            return Err(EngineError::InvalidConfig(format!(
+                "prompt token {bad} is outside the vocabulary of {}",
+                model.config.vocab_size
+            )));
+        }
+        let index = if config.prompt_lookup_num_tokens > 0 {
+            Some(NgramIndex::with_tokens(config.ngram_config()?, &prompt))
+        } else {
+            None
+        };
+        let rng = match config.seed {
+            Some(s) => ChaCha8Rng::seed_from_u64(s),
+            None => ChaCha8Rng::from_os_rng(),
+        };
+        Ok(Sequence {
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            cache: model.new_cache(capacity),
+            index,
+            config,
+            rng,
+            phase: Phase::Prefill(0),
+            stream: TextStream::default(),
+            text: String::new(),
+            released: 0,
+            stats: SpecStats::default(),
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            corrupt_for_test: false,
+        })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished(_))
+    }
+
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        match self.phase {
+            Phase::Finished(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Stops the sequence (a client went away); its cache can be dropped with it.
+    pub fn cancel(&mut self) {
+        if !self.is_finished() {
+            self.phase = Phase::Finished(FinishReason::Stop);
+        }
+    }
+
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+
+    pub fn generated_tokens(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn config(&self) -> &GenerationConfig {
+        &self.config
+    }
+
+    /// Text produced since the last call that can no longer change (a possible start of a stop
+    /// string is held back until it is decided).
+    pub fn take_new_text(&mut self) -> String {
+        let safe = if self.is_finished() {
+            self.text.len()
+        } else {
+            safe_len(&self.text, &self.config.stop)
+        };
+        if safe <= self.released {
+            return String::new();
+        }
+        let out = self.text[self.released..safe].to_string();
+        self.released = safe;
+        out
+    }
+
+    /// Appends one emitted token; returns false once the sequence has finished.
+    fn emit(&mut self, tok: &Tokenizer, token: u32) -> bool {
+        self.tokens.push(token);
+        if let Some(index) = self.index.as_mut() {
+            index.push(token);
+        }
+        let generated = self.tokens.len() - self.prompt_len;
+        if tok.is_end(token) {
+            self.text.push_str(&self.stream.finish());
+            self.phase = Phase::Finished(FinishReason::Stop);
+            return false;
+        }
+        let before = self.text.len();
+        self.text
+            .push_str(&self.stream.push(tok.token_bytes(token)));
+        if let Some(cut) = find_stop(&self.text, before, &self.config.stop) {
+            self.text.truncate(cut);
+            self.phase = Phase::Finished(FinishReason::Stop);
+            return false;
+        }
+        if generated >= self.config.max_new_tokens || self.tokens.len() >= self.cache.capacity() {
+            self.text.push_str(&self.stream.finish());
+            self.phase = Phase::Finished(FinishReason::Length);
+            return false;
+        }
+        self.phase = Phase::Decode(token);
+        true
+    }
+}
+
+/// Where the first stop string occurs in `text`, looking only at matches that end after `from`.
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let start = from.saturating_sub(s.len() - 1);
+            let start = (start..=from).find(|&i| text.is_char_boundary(i))?;
+            text[start..].find(s.as_str()).map(|p| start + p)
+        })
+        .min()
+}
+
+/// The length of `text` that cannot become part of a stop string: the longest suffix that is a
+/// prefix of a stop string is held back.
+fn safe_len(text: &str, stops: &[String]) -> usize {
+    let mut safe = text.len();
+    for s in stops {
+        for (i, _) in text.char_indices().rev().take(s.chars().count()) {
+            if s.starts_with(&text[i..]) {
+                safe = safe.min(i);
+            }
+        }
+    }
+    safe
+}
+
+/// Advances every unfinished sequence by one forward pass: a prompt chunk for those still in
+/// prefill, the last token plus up to K drafts for those decoding.
+pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Result<()> {
+    let started = Instant::now();
+    // Inputs of each live sequence.
+    let mut inputs: Vec<(usize, Vec<u32>, usize)> = Vec::new(); // (seq, tokens, drafts)
+    for (si, seq) in seqs.iter_mut().enumerate() {
+        match seq.phase {
+            Phase::Finished(_) => {}
+            Phase::Prefill(done) => {
+                let end = (done + PREFILL_CHUNK).min(seq.prompt_len);
+                inputs.push((si, seq.tokens[done..end].to_vec(), 0));
+            }
+            Phase::Decode(last) => {
+                let mut input = vec![last];
+                if let Some(index) = seq.index.as_ref() {
+                    let generated = seq.tokens.len() - seq.prompt_len;
+                    // Room left: the pass writes 1 + k positions, and at most max_new_tokens
+                    // tokens may still be emitted (the model's own token is one of them).
+                    let room = seq.cache.capacity() - seq.cache.len() - 1;
+                    let left = seq.config.max_new_tokens - generated - 1;
+                    let k = seq.config.prompt_lookup_num_tokens.min(room).min(left);
+                    if k > 0 {
+                        let t0 = Instant::now();
+                        let mut draft = Vec::with_capacity(k);
+                        index.propose(k, &mut draft);
+                        seq.stats.propose_time += t0.elapsed();
+                        input.extend_from_slice(&draft);
+                    }
+                }
+                let drafts = input.len() - 1;
+                inputs.push((si, input, drafts));
+            }
+        }
+    }
+    if inputs.is_empty() {
+        return Ok(());
+    }
+    let logits = {
+        let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(inputs.len());
+        let mut pending = inputs.iter().peekable();
+        for (si, seq) in seqs.iter_mut().enumerate() {
+            if let Some((_, toks, _)) = pending.next_if(|(i, _, _)| *i == si) {
+                let all_logits = matches!(seq.phase, Phase::Decode(_));
+                items.push(BatchItem {
+                    tokens: toks,
+                    cache: &mut seq.cache,
+                    all_logits,
+                });
+            }
+        }
+        model.forward(&mut items)?
+    };
+    let elapsed = started.elapsed();
+    let vocab = model.config.vocab_size;
+    let mut row = 0;
+    for (si, toks, drafts) in inputs {
+        let seq = &mut *seqs[si];
+        match seq.phase {
+            Phase::Prefill(done) => {
+                seq.prefill_time += elapsed;
+                let done = done + toks.len();
+                let last_row = &logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                if done < seq.prompt_len {
+                    seq.phase = Phase::Prefill(done);
+                    continue;
+                }
+                // The prompt is in: its last row gives the first new token.
+                let verdict = verify(
+                    last_row,
+                    vocab,
+                    &[],
+                    &seq.tokens,
+                    &seq.config.sampling,
+                    &mut seq.rng,
+                );
+                seq.emit(tok, verdict.tokens[0]);
+            }
+            Phase::Decode(_) => {
+                seq.decode_time += elapsed;
+                let rows = &logits[row * vocab..(row + drafts + 1) * vocab];
+                row += drafts + 1;
+                let start = seq.cache.len() - toks.len();
+                let mut verdict = verify(
+                    rows,
+                    vocab,
+                    &toks[1..],
+                    &seq.tokens,
+                    &seq.config.sampling,
+                    &mut seq.rng,
+                );
+                if seq.corrupt_for_test && drafts > 0 {
+                    seq.corrupt_for_test = false;
+                    let last = verdict.tokens.last_mut().expect("one token at least");
+                    *last = (*last + 1) % vocab as u32;
+                }
+                // Keep the cache for the last token and the accepted drafts only.
+                seq.cache.truncate(start + 1 + verdict.accepted);
+                seq.stats.steps += 1;
+                seq.stats.draft_tokens += drafts;
+                seq.stats.accepted_tokens += verdict.accepted;
+                for &t in &verdict.tokens {
+                    seq.stats.decode_tokens += 1;
+                    if !seq.emit(tok, t) {
+                        break;
+                    }
+                }
+            }
+            Phase::Finished(_) => unreachable!("finished sequences have no inputs"),
+        }
+    }
+    Ok(())
+}
+
+/// Everything a finished generation reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationOutput {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub prompt_token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub stats: SpecStats,
+    #[serde(skip)]
+    pub prefill_time: Duration,
+    #[serde(skip)]
+    pub decode_time: Duration,
+}
+
+impl GenerationOutput {
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        let t = self.decode_time.as_secs_f64();
+        if t > 0.0 {
+            self.stats.decode_tokens as f64 / t
+        } else {
+            0.0
+        }
+    }
+
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        let t = self.prefill_time.as_secs_f64();
+        if t > 0.0 {
+            self.prompt_token_ids.len() as f64 / t
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Sequence {
+    pub fn into_output(self) -> GenerationOutput {
+        GenerationOutput {
+            text: self.text,
+            token_ids: self.tokens[self.prompt_len..].to_vec(),
+            prompt_token_ids: self.tokens[..self.prompt_len].to_vec(),
+            finish_reason: match self.phase {
+                Phase::Finished(r) => r,
+                _ => FinishReason::Length,
+            },
+            stats: self.stats,
+            prefill_time: self.prefill_time,
+            decode_time: self.decode_time,
+        }
+    }
+}
+
+/// Generates from `prompt` (token ids), handing text to `on_text` as it is accepted.
+pub fn generate(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: Vec<u32>,
+    config: GenerationConfig,
+    context_len: usize,
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerationOutput> {
+    let mut seq = Sequence::new(model, prompt, config, context_len)?;
+    while !seq.is_finished() {
+        step(model, tok, &mut [&mut seq])?;
+        let t = seq.take_new_text();
+        if !t.is_empty() {
+            on_text(&t);
+        }
+    }
+    Ok(seq.into_output())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_found_across_pushes() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(find_stop("abcEN", 3, &stops), None);
+        assert_eq!(find_stop("abcEND", 5, &stops), Some(3));
+        assert_eq!(find_stop("a\n\nb", 2, &stops), Some(1));
+        assert_eq!(safe_len("abcEN", &stops), 3);
+        assert_eq!(safe_len("abc\n", &stops), 3);
+        assert_eq!(safe_len("abc", &stops), 3);
+        assert_eq!(safe_len("héE", &stops), "hé".len());
+    }
+}

@@ -1,0 +1,187 @@
+//! Opening a GGUF file: candle parses the header and metadata, the tensor data is memory-mapped and
+//! viewed in place (no copy of the weights), and every way a file can be wrong becomes a message.
+
+use crate::error::{EngineError, Result};
+use crate::kernels::{Bytes, QMatrix};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub content: Content,
+    map: Arc<memmap2::Mmap>,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            return Err(EngineError::ModelNotFound(path.to_path_buf()));
+        }
+        let bad = |reason: String| EngineError::BadModelFile {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(bad("it is a directory, not a .gguf file".into()));
+        }
+        let content = Content::read(&mut file).map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("magic") {
+                bad("not a GGUF file (wrong magic number)".into())
+            } else {
+                bad(format!("not a valid GGUF file ({msg})"))
+            }
+        })?;
+        // SAFETY: the file is opened read-only and mapped read-only; like every engine that maps
+        // its weights, we rely on nobody truncating the model file while it is in use.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
+        let file_len = map.len() as u64;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bs = info.ggml_dtype.block_size();
+            let size = (elems / bs * info.ggml_dtype.type_size()) as u64;
+            let end = content.tensor_data_offset + info.offset + size;
+            if end > file_len {
+                return Err(bad(format!(
+                    "file is truncated: tensor '{name}' ends at byte {end}, the file has {file_len} bytes"
+                )));
+            }
+        }
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            content,
+            map: Arc::new(map),
+        })
+    }
+
+    pub fn meta(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn meta_required(&self, key: &str) -> Result<&Value> {
+        self.meta(key)
+            .ok_or_else(|| EngineError::BadMetadata(format!("missing key '{key}'")))
+    }
+
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        let v = self.meta_required(key)?;
+        value_to_u64(v)
+            .ok_or_else(|| EngineError::BadMetadata(format!("'{key}' is not an integer")))
+    }
+
+    pub fn get_u64_opt(&self, key: &str) -> Option<u64> {
+        self.meta(key).and_then(value_to_u64)
+    }
+
+    pub fn get_f32_opt(&self, key: &str) -> Option<f32> {
+        match self.meta(key)? {
+            Value::F32(v) => Some(*v),
+            Value::F64(v) => Some(*v as f32),
+            other => value_to_u64(other).map(|v| v as f32),
+        }
+    }
+
+    pub fn get_bool_opt(&self, key: &str) -> Option<bool> {
+        match self.meta(key)? {
+            Value::Bool(b) => Some(*b),
+            other => value_to_u64(other).map(|v| v != 0),
+        }
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        match self.meta_required(key)? {
+            Value::String(s) => Ok(s),
+            _ => Err(EngineError::BadMetadata(format!("'{key}' is not a string"))),
+        }
+    }
+
+    pub fn get_str_opt(&self, key: &str) -> Option<&str> {
+        match self.meta(key)? {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn get_array(&self, key: &str) -> Result<&Vec<Value>> {
+        match self.meta_required(key)? {
+            Value::Array(a) => Ok(a),
+            _ => Err(EngineError::BadMetadata(format!("'{key}' is not an array"))),
+        }
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// A 2-D weight (`rows` outputs by `cols` inputs), viewed in the mapped file.
+    pub fn matrix(&self, name: &str) -> Result<QMatrix> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| EngineError::BadMetadata(format!("missing tensor '{name}'")))?;
+        let dims = info.shape.dims();
+        let (rows, cols) = match dims {
+            [r, c] => (*r, *c),
+            [c] => (1, *c),
+            _ => {
+                return Err(EngineError::BadMetadata(format!(
+                    "tensor '{name}' has shape {dims:?}, expected a matrix"
+                )))
+            }
+        };
+        if !crate::kernels::is_supported(info.ggml_dtype) {
+            return Err(EngineError::UnsupportedTensorType {
+                name: name.into(),
+                dtype: format!("{:?}", info.ggml_dtype),
+            });
+        }
+        let start = (self.content.tensor_data_offset + info.offset) as usize;
+        let len = rows * cols / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let bytes = Bytes::Mapped {
+            map: self.map.clone(),
+            start,
+            len,
+        };
+        QMatrix::new(info.ggml_dtype, rows, cols, bytes).map_err(|reason| {
+            EngineError::BadModelFile {
+                path: self.path.clone(),
+                reason: format!("tensor '{name}': {reason}"),
+            }
+        })
+    }
+
+    /// A 1-D tensor (norm weights, biases) as f32 values.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let m = self.matrix(name)?;
+        if m.rows * m.cols != len {
+            return Err(EngineError::BadMetadata(format!(
+                "tensor '{name}' has {} elements, expected {len}",
+                m.rows * m.cols
+            )));
+        }
+        Ok(m.dequantize())
+    }
+
+    pub fn tensor_dtype(&self, name: &str) -> Option<GgmlDType> {
+        self.content.tensor_infos.get(name).map(|i| i.ggml_dtype)
+    }
+}
+
+fn value_to_u64(v: &Value) -> Option<u64> {
+    Some(match v {
+        Value::U8(x) => *x as u64,
+        Value::I8(x) => u64::try_from(*x).ok()?,
+        Value::U16(x) => *x as u64,
+        Value::I16(x) => u64::try_from(*x).ok()?,
+        Value::U32(x) => *x as u64,
+        Value::I32(x) => u64::try_from(*x).ok()?,
+        Value::U64(x) => *x,
+        Value::I64(x) => u64::try_from(*x).ok()?,
+        Value::Bool(b) => *b as u64,
+        _ => return None,
+    })
+}

@@ -1,0 +1,117 @@
+use super::*;
+
+/// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
+fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+const TYPES: [GgmlDType; 12] = [
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q2K,
+    GgmlDType::Q3K,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+/// Every format's matmul against the f64 product of the dequantized weights. The activations are
+/// quantized to 8 bits (Q8_0 / Q8_1 / Q8_K) by the kernel, which bounds the error at a small
+/// fraction of the product's magnitude; the tolerance is relative to the sum of |x * w|.
+#[test]
+fn matmul_matches_reference_for_every_format() {
+    for (ti, &dtype) in TYPES.iter().enumerate() {
+        let cols = if dtype.block_size() == 256 { 512 } else { 96 };
+        for &(m, rows) in &[(1usize, 7usize), (3, 33), (9, 17)] {
+            let w = random_vec(rows * cols, 1 + ti as u64);
+            let q = quantize(dtype, &w);
+            let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&q)).unwrap();
+            let x = random_vec(m * cols, 100 + m as u64);
+            let mut out = vec![0f32; m * rows];
+            matmul(&x, m, &mat, &mut out);
+            let reference = matmul_reference(&x, m, &mat);
+            let wf = mat.dequantize();
+            for i in 0..m {
+                for j in 0..rows {
+                    let mag: f32 = (0..cols)
+                        .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
+                        .sum();
+                    let (a, b) = (out[i * rows + j], reference[i * rows + j]);
+                    assert!(
+                        (a - b).abs() <= 0.02 * mag + 1e-4,
+                        "{dtype:?} m={m} ({i},{j}): {a} vs {b} (magnitude {mag})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A row's result must not depend on which other rows share the product.
+#[test]
+fn matmul_rows_are_independent_of_batch() {
+    for &dtype in &[
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ] {
+        let cols = 512;
+        let rows = 40;
+        let mat = QMatrix::new(
+            dtype,
+            rows,
+            cols,
+            Bytes::owned(&quantize(dtype, &random_vec(rows * cols, 7))),
+        )
+        .unwrap();
+        let x = random_vec(5 * cols, 9);
+        let mut all = vec![0f32; 5 * rows];
+        matmul(&x, 5, &mat, &mut all);
+        for i in 0..5 {
+            let mut one = vec![0f32; rows];
+            matmul(&x[i * cols..(i + 1) * cols], 1, &mat, &mut one);
+            assert_eq!(one, all[i * rows..(i + 1) * rows], "{dtype:?} row {i}");
+        }
+    }
+}
+
+#[test]
+fn matrix_shape_errors_are_reported() {
+    let q = quantize(GgmlDType::Q8_0, &random_vec(64, 1));
+    assert!(QMatrix::new(GgmlDType::Q8_0, 2, 48, Bytes::owned(&q)).is_err());
+    assert!(QMatrix::new(GgmlDType::Q8_0, 3, 32, Bytes::owned(&q)).is_err());
+    assert!(QMatrix::new(GgmlDType::Q8_0, 2, 32, Bytes::owned(&q)).is_ok());
+}
+
+#[test]
+fn float_helpers_match_plain_loops() {
+    for n in [1usize, 7, 8, 9, 63, 64, 130] {
+        let a = random_vec(n, n as u64);
+        let b = random_vec(n, 1000 + n as u64);
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((dot(&a, &b) as f64 - plain).abs() < 1e-4, "dot n={n}");
+        let mut s = a.clone();
+        softmax(&mut s);
+        let total: f32 = s.iter().sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        let w = vec![1.0f32; n];
+        let mut o = vec![0f32; n];
+        rms_norm(&a, &w, 1e-6, &mut o);
+        let ms: f32 = o.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        assert!((ms - 1.0).abs() < 1e-3, "rms n={n}: {ms}");
+    }
+}

@@ -1,0 +1,106 @@
+//! pld's inference engine: GGUF model loading, the tokenizer and chat template, the KV cache, the
+//! kernels and forward pass, sampling, the speculative verifier, and the generation loop that both
+//! `pld generate` and the server drive.
+
+pub mod chat;
+pub mod error;
+pub mod fetch;
+pub mod generate;
+pub mod gguf;
+pub mod kernels;
+pub mod kv_cache;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+pub mod verify;
+
+pub use chat::{ChatTemplate, Message};
+pub use error::{EngineError, Result};
+pub use generate::{
+    generate, step, FinishReason, GenerationConfig, GenerationOutput, Sequence, SpecStats,
+};
+pub use model::{Config, Model};
+pub use sampling::SamplingParams;
+pub use tokenizer::Tokenizer;
+
+use std::path::{Path, PathBuf};
+
+/// A model ready to run: weights, tokenizer and chat template from one GGUF file.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub name: String,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+impl LoadedModel {
+    pub fn load(path: &Path) -> Result<Self> {
+        let file = gguf::GgufFile::open(path)?;
+        let model = Model::load(&file)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        if tokenizer.vocab_size() < model.config.vocab_size {
+            return Err(EngineError::BadMetadata(format!(
+                "the tokenizer has {} tokens, the model {}",
+                tokenizer.vocab_size(),
+                model.config.vocab_size
+            )));
+        }
+        let text_of = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(tokenizer.token_bytes(i)).into_owned())
+                .unwrap_or_default()
+        };
+        let chat_template = match file.get_str_opt("tokenizer.chat_template") {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                &text_of(tokenizer.bos),
+                &text_of(tokenizer.eos),
+            )?),
+            None => None,
+        };
+        let name = file
+            .get_str_opt("general.name")
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        Ok(LoadedModel {
+            path: path.to_path_buf(),
+            name,
+            model,
+            tokenizer,
+            chat_template,
+        })
+    }
+
+    /// The prompt text for a conversation, rendered with the model's chat template.
+    pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+        match &self.chat_template {
+            Some(t) => t.render(messages, true),
+            None => Err(EngineError::ChatTemplate(
+                "the model has no chat template (tokenizer.chat_template)".into(),
+            )),
+        }
+    }
+
+    /// Generates from a prompt given as text (already chat-rendered if wanted).
+    pub fn generate_text(
+        &self,
+        prompt: &str,
+        config: GenerationConfig,
+        context_len: usize,
+        on_text: impl FnMut(&str),
+    ) -> Result<GenerationOutput> {
+        let ids = self.tokenizer.encode_prompt(prompt)?;
+        generate(
+            &self.model,
+            &self.tokenizer,
+            ids,
+            config,
+            context_len,
+            on_text,
+        )
+    }
+}

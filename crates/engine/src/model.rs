@@ -1,0 +1,433 @@
+//! The decoder: one generic transformer for the `llama` and `qwen2` architectures
+//! (Config -> Attention -> Mlp -> Layer -> Model), and its forward pass over a ragged batch.
+//!
+//! A forward pass takes, for each sequence of the batch, some new tokens placed right after what its
+//! KV cache already holds, and returns the logits of every new position (or only the last one, for
+//! prefill). All rows of all sequences go through the matrix products together; attention runs per
+//! row over that row's own cache. Each row's arithmetic is the same whatever else shares the pass,
+//! so decoding one token at a time and verifying K drafts at once give bit-identical logits.
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::{self, QMatrix};
+use crate::kv_cache::KvCache;
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+}
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama GGUFs, whose q/k weights were permuted for it.
+    Interleaved,
+    /// Halves (i, i + d/2): qwen2 (GPT-NeoX style).
+    Halves,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: Architecture,
+    pub n_layer: usize,
+    pub d_model: usize,
+    pub d_ff: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    pub rope_base: f32,
+    pub rope_style: RopeStyle,
+    pub rms_eps: f32,
+    pub vocab_size: usize,
+    pub context_len: usize,
+}
+
+impl Config {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let arch_name = file.get_str("general.architecture")?;
+        let (arch, rope_style) = match arch_name {
+            "llama" => (Architecture::Llama, RopeStyle::Interleaved),
+            "qwen2" => (Architecture::Qwen2, RopeStyle::Halves),
+            other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let n_layer = file.get_u64(&key("block_count"))? as usize;
+        let d_model = file.get_u64(&key("embedding_length"))? as usize;
+        let d_ff = file.get_u64(&key("feed_forward_length"))? as usize;
+        let n_head = file.get_u64(&key("attention.head_count"))? as usize;
+        let n_kv_head = file
+            .get_u64_opt(&key("attention.head_count_kv"))
+            .unwrap_or(n_head as u64) as usize;
+        if n_head == 0 || n_kv_head == 0 || d_model % n_head != 0 || n_head % n_kv_head != 0 {
+            return Err(EngineError::BadMetadata(format!(
+                "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads, width {d_model}"
+            )));
+        }
+        let head_dim = file
+            .get_u64_opt(&key("attention.key_length"))
+            .unwrap_or((d_model / n_head) as u64) as usize;
+        let rope_dims = file
+            .get_u64_opt(&key("rope.dimension_count"))
+            .unwrap_or(head_dim as u64) as usize;
+        if rope_dims > head_dim || rope_dims % 2 != 0 {
+            return Err(EngineError::BadMetadata(format!(
+                "rope dimension count {rope_dims} does not fit head size {head_dim}"
+            )));
+        }
+        let rope_base = file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0);
+        let rms_eps = file
+            .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5);
+        let context_len = file.get_u64_opt(&key("context_length")).unwrap_or(2048) as usize;
+        let embd = file.matrix("token_embd.weight")?;
+        if embd.cols != d_model {
+            return Err(EngineError::BadMetadata(format!(
+                "token_embd width {} differs from embedding_length {d_model}",
+                embd.cols
+            )));
+        }
+        Ok(Config {
+            arch,
+            n_layer,
+            d_model,
+            d_ff,
+            n_head,
+            n_kv_head,
+            head_dim,
+            rope_dims,
+            rope_base,
+            rope_style,
+            rms_eps,
+            vocab_size: embd.rows,
+            context_len,
+        })
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
+struct Attention {
+    norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    wo: QMatrix,
+}
+
+struct Mlp {
+    norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+}
+
+struct Layer {
+    attn: Attention,
+    mlp: Mlp,
+}
+
+pub struct Model {
+    pub config: Config,
+    token_embd: QMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: QMatrix,
+}
+
+fn check_shape(name: &str, m: &QMatrix, rows: usize, cols: usize) -> Result<()> {
+    if m.rows != rows || m.cols != cols {
+        return Err(EngineError::BadMetadata(format!(
+            "tensor '{name}' is {}x{}, expected {rows}x{cols}",
+            m.rows, m.cols
+        )));
+    }
+    Ok(())
+}
+
+impl Model {
+    pub fn load(file: &GgufFile) -> Result<Self> {
+        let c = Config::from_gguf(file)?;
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<QMatrix> {
+            let m = file.matrix(name)?;
+            check_shape(name, &m, rows, cols)?;
+            Ok(m)
+        };
+        let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            if file.has_tensor(name) {
+                file.vector(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            layers.push(Layer {
+                attn: Attention {
+                    norm: file.vector(&p("attn_norm.weight"), c.d_model)?,
+                    wq: matrix(&p("attn_q.weight"), c.q_dim(), c.d_model)?,
+                    wk: matrix(&p("attn_k.weight"), c.kv_dim(), c.d_model)?,
+                    wv: matrix(&p("attn_v.weight"), c.kv_dim(), c.d_model)?,
+                    bq: bias(&p("attn_q.bias"), c.q_dim())?,
+                    bk: bias(&p("attn_k.bias"), c.kv_dim())?,
+                    bv: bias(&p("attn_v.bias"), c.kv_dim())?,
+                    wo: matrix(&p("attn_output.weight"), c.d_model, c.q_dim())?,
+                },
+                mlp: Mlp {
+                    norm: file.vector(&p("ffn_norm.weight"), c.d_model)?,
+                    gate: matrix(&p("ffn_gate.weight"), c.d_ff, c.d_model)?,
+                    up: matrix(&p("ffn_up.weight"), c.d_ff, c.d_model)?,
+                    down: matrix(&p("ffn_down.weight"), c.d_model, c.d_ff)?,
+                },
+            });
+        }
+        let token_embd = file.matrix("token_embd.weight")?;
+        // Tied embeddings: without an output matrix the embedding table doubles as the head.
+        let output = if file.has_tensor("output.weight") {
+            matrix("output.weight", c.vocab_size, c.d_model)?
+        } else {
+            token_embd.clone()
+        };
+        Ok(Model {
+            output_norm: file.vector("output_norm.weight", c.d_model)?,
+            config: c,
+            token_embd,
+            layers,
+            output,
+        })
+    }
+
+    /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        let c = &self.config;
+        KvCache::new(c.n_layer, c.kv_dim(), capacity.min(c.context_len))
+    }
+
+    /// Runs the new tokens of every item through the model, appends their keys and values to each
+    /// item's cache, and returns the logits: for each item in order, one row per new token when
+    /// `all_logits` is set, else the last row only. Rows are `vocab_size` long.
+    pub fn forward(&self, batch: &mut [BatchItem<'_>]) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (d, qd, kvd, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim);
+        // Lay out the rows: which item, which position.
+        let mut row_item = Vec::new();
+        let mut row_pos = Vec::new();
+        for (bi, item) in batch.iter().enumerate() {
+            let start = item.cache.len();
+            let needed = start + item.tokens.len();
+            if needed > item.cache.capacity() {
+                return Err(EngineError::ContextFull {
+                    needed,
+                    capacity: item.cache.capacity(),
+                });
+            }
+            for (i, &t) in item.tokens.iter().enumerate() {
+                if t as usize >= c.vocab_size {
+                    return Err(EngineError::InvalidConfig(format!(
+                        "token id {t} is outside the vocabulary of {}",
+                        c.vocab_size
+                    )));
+                }
+                row_item.push(bi);
+                row_pos.push(start + i);
+            }
+        }
+        let n = row_item.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut x = vec![0f32; n * d];
+        {
+            let tokens: Vec<u32> = batch
+                .iter()
+                .flat_map(|b| b.tokens.iter().copied())
+                .collect();
+            x.par_chunks_mut(d)
+                .zip(tokens.par_iter())
+                .for_each(|(row, &t)| self.token_embd.dequantize_row(t as usize, row));
+        }
+        let rope = RopeTable::new(c, &row_pos);
+        let mut h = vec![0f32; n * d];
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        let mut att = vec![0f32; n * qd];
+        let mut proj = vec![0f32; n * d];
+        let mut gate = vec![0f32; n * c.d_ff];
+        let mut up = vec![0f32; n * c.d_ff];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = c.n_head / c.n_kv_head;
+
+        for (li, layer) in self.layers.iter().enumerate() {
+            // Attention block.
+            let a = &layer.attn;
+            norm_rows(&x, &a.norm, c.rms_eps, &mut h, d);
+            kernels::matmul(&h, n, &a.wq, &mut q);
+            kernels::matmul(&h, n, &a.wk, &mut k);
+            kernels::matmul(&h, n, &a.wv, &mut v);
+            add_bias(&mut q, a.bq.as_deref());
+            add_bias(&mut k, a.bk.as_deref());
+            add_bias(&mut v, a.bv.as_deref());
+            rope.apply(&mut q, c.n_head, hd);
+            rope.apply(&mut k, c.n_kv_head, hd);
+            for r in 0..n {
+                batch[row_item[r]].cache.write(
+                    li,
+                    row_pos[r],
+                    &k[r * kvd..(r + 1) * kvd],
+                    &v[r * kvd..(r + 1) * kvd],
+                );
+            }
+            let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
+            att.par_chunks_mut(hd).enumerate().for_each_init(
+                Vec::new,
+                |scores: &mut Vec<f32>, (idx, out)| {
+                    let (r, head) = (idx / c.n_head, idx % c.n_head);
+                    let cache = caches[row_item[r]];
+                    let kvh = head / group;
+                    let qv = &q[r * qd + head * hd..r * qd + (head + 1) * hd];
+                    let len = row_pos[r] + 1;
+                    scores.clear();
+                    scores.extend(
+                        (0..len).map(|t| kernels::dot(qv, cache.key(li, t, kvh, hd)) * scale),
+                    );
+                    kernels::softmax(scores);
+                    out.fill(0.0);
+                    for (t, &p) in scores.iter().enumerate() {
+                        kernels::axpy(p, cache.value(li, t, kvh, hd), out);
+                    }
+                },
+            );
+            kernels::matmul(&att, n, &a.wo, &mut proj);
+            add_rows(&mut x, &proj);
+
+            // Feed-forward block.
+            let m = &layer.mlp;
+            norm_rows(&x, &m.norm, c.rms_eps, &mut h, d);
+            kernels::matmul(&h, n, &m.gate, &mut gate);
+            kernels::matmul(&h, n, &m.up, &mut up);
+            gate.par_chunks_mut(c.d_ff)
+                .zip(up.par_chunks(c.d_ff))
+                .for_each(|(g, u)| kernels::swiglu(g, u));
+            kernels::matmul(&gate, n, &m.down, &mut proj);
+            add_rows(&mut x, &proj);
+        }
+        for item in batch.iter_mut() {
+            let len = item.cache.len() + item.tokens.len();
+            item.cache.set_len(len);
+        }
+
+        // Output head, on the rows whose logits are wanted.
+        let mut wanted = Vec::new();
+        let mut row = 0;
+        for item in batch.iter() {
+            let count = item.tokens.len();
+            if item.all_logits {
+                wanted.extend(row..row + count);
+            } else if count > 0 {
+                wanted.push(row + count - 1);
+            }
+            row += count;
+        }
+        let mut hn = vec![0f32; wanted.len() * d];
+        for (o, &r) in hn.chunks_mut(d).zip(&wanted) {
+            kernels::rms_norm(&x[r * d..(r + 1) * d], &self.output_norm, c.rms_eps, o);
+        }
+        let mut logits = vec![0f32; wanted.len() * c.vocab_size];
+        kernels::matmul(&hn, wanted.len(), &self.output, &mut logits);
+        Ok(logits)
+    }
+}
+
+/// One sequence's part of a forward pass.
+pub struct BatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    pub all_logits: bool,
+}
+
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, xr)| kernels::rms_norm(xr, w, eps, o));
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_mut(b.len()) {
+            for (v, bi) in row.iter_mut().zip(b) {
+                *v += bi;
+            }
+        }
+    }
+}
+
+fn add_rows(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// cos/sin of every rotated pair for the positions of one pass.
+struct RopeTable {
+    style: RopeStyle,
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    fn new(c: &Config, positions: &[usize]) -> Self {
+        let half = c.rope_dims / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        let base = c.rope_base as f64;
+        for &p in positions {
+            for i in 0..half {
+                let inv_freq = base.powf(-2.0 * i as f64 / c.rope_dims as f64);
+                let angle = p as f64 * inv_freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        RopeTable {
+            style: c.rope_style,
+            half,
+            cos,
+            sin,
+        }
+    }
+
+    /// Rotates every head of every row of `x` (`rows x heads*hd`).
+    fn apply(&self, x: &mut [f32], heads: usize, hd: usize) {
+        let half = self.half;
+        for (r, row) in x.chunks_mut(heads * hd).enumerate() {
+            let cos = &self.cos[r * half..(r + 1) * half];
+            let sin = &self.sin[r * half..(r + 1) * half];
+            for head in row.chunks_mut(hd) {
+                for i in 0..half {
+                    let (a, b) = match self.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Halves => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos[i] - x1 * sin[i];
+                    head[b] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
+        }
+    }
+}

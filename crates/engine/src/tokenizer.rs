@@ -1,0 +1,344 @@
+//! The tokenizer of a GGUF model, built from its `tokenizer.ggml.*` metadata with the `tokenizers`
+//! crate's pieces (byte-level BPE, the pre-tokenizer named by `tokenizer.ggml.pre`, added special
+//! tokens), plus a byte table per token for exact, streamable decoding.
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+/// Qwen2's split pattern (contractions, letters, single digits, punctuation runs, newlines).
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split pattern (digits in runs of up to three).
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GGUF token types.
+const TOKEN_CONTROL: i32 = 3;
+const TOKEN_USER_DEFINED: i32 = 4;
+
+/// Texts of the control tokens that end a turn in the chat formats we know.
+const END_OF_TURN_TEXTS: [&str; 6] = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+];
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    token_bytes: Vec<Vec<u8>>,
+    is_control: Vec<bool>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    /// Tokens that end generation: eos, end-of-turn, and the chat formats' end markers.
+    pub end_tokens: Vec<u32>,
+}
+
+fn err(msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Tokenizer(msg.to_string())
+}
+
+fn strings(values: &[Value], key: &str) -> Result<Vec<String>> {
+    values
+        .iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s.clone()),
+            _ => Err(EngineError::BadMetadata(format!(
+                "{key} holds a non-string"
+            ))),
+        })
+        .collect()
+}
+
+/// The inverse of byte-level BPE's byte-to-character table.
+fn byte_level_decoding_table() -> std::collections::HashMap<char, u8> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
+    printable.extend(0xA1..=0xAC);
+    printable.extend(0xAE..=0xFF);
+    let mut table = std::collections::HashMap::new();
+    let mut extra = 0u32;
+    for b in 0u32..256 {
+        let ch = if printable.contains(&b) {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        table.insert(char::from_u32(ch).expect("valid char"), b as u8);
+    }
+    table
+}
+
+impl Tokenizer {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let model = file.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(err(format!(
+                "tokenizer model '{model}' is not supported (only byte-level BPE, 'gpt2')"
+            )));
+        }
+        let tokens = strings(file.get_array("tokenizer.ggml.tokens")?, "tokens")?;
+        let merges = strings(file.get_array("tokenizer.ggml.merges")?, "merges")?;
+        let types: Vec<i32> = match file.meta("tokenizer.ggml.token_type") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Value::I32(x) => *x,
+                    Value::U32(x) => *x as i32,
+                    _ => 1,
+                })
+                .collect(),
+            _ => vec![1; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(EngineError::BadMetadata(
+                "token_type and tokens differ in length".into(),
+            ));
+        }
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let merges: Vec<(String, String)> = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| err(format!("malformed merge '{m}'")))
+            })
+            .collect::<Result<_>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(err)?;
+
+        let pre = file.get_str_opt("tokenizer.ggml.pre").unwrap_or("default");
+        let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
+            Ok(Split::new(
+                SplitPattern::Regex(pattern.into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(err)?
+            .into())
+        };
+        let pre_tokenizer: PreTokenizerWrapper = match pre {
+            "qwen2" => Sequence::new(vec![
+                split(QWEN2_PATTERN)?,
+                ByteLevel::new(false, false, false).into(),
+            ])
+            .into(),
+            "llama-bpe" | "llama3" => Sequence::new(vec![
+                split(LLAMA3_PATTERN)?,
+                ByteLevel::new(false, false, false).into(),
+            ])
+            .into(),
+            "smollm" => Sequence::new(vec![
+                Digits::new(true).into(),
+                ByteLevel::new(false, false, true).into(),
+            ])
+            .into(),
+            "gpt2" | "default" => ByteLevel::new(false, false, true).into(),
+            other => {
+                return Err(err(format!(
+                    "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt2)"
+                )))
+            }
+        };
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == TOKEN_CONTROL || t == TOKEN_USER_DEFINED)
+            .map(|(s, &t)| AddedToken::from(s.clone(), t == TOKEN_CONTROL).normalized(false))
+            .collect();
+        inner.add_special_tokens(&special);
+
+        let table = byte_level_decoding_table();
+        let token_bytes: Vec<Vec<u8>> = tokens
+            .iter()
+            .zip(&types)
+            .map(|(s, &t)| {
+                if t == TOKEN_CONTROL || t == TOKEN_USER_DEFINED {
+                    s.as_bytes().to_vec()
+                } else {
+                    s.chars()
+                        .map(|c| table.get(&c).copied())
+                        .collect::<Option<Vec<u8>>>()
+                        .unwrap_or_else(|| s.as_bytes().to_vec())
+                }
+            })
+            .collect();
+        let is_control: Vec<bool> = types.iter().map(|&t| t == TOKEN_CONTROL).collect();
+
+        let id = |key: &str| {
+            file.get_u64_opt(key)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len())
+        };
+        let bos = id("tokenizer.ggml.bos_token_id");
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let mut end_tokens: Vec<u32> = eos.into_iter().collect();
+        end_tokens.extend(id("tokenizer.ggml.eot_token_id"));
+        for (i, t) in tokens.iter().enumerate() {
+            if is_control[i] && END_OF_TURN_TEXTS.contains(&t.as_str()) {
+                end_tokens.push(i as u32);
+            }
+        }
+        // The BOS token opens turns in some chat formats (SmolLM's <|im_start|>): it ends nothing
+        // unless the model says it is also its EOS.
+        end_tokens.retain(|&t| Some(t) != bos || bos == eos);
+        end_tokens.sort_unstable();
+        end_tokens.dedup();
+        Ok(Tokenizer {
+            inner,
+            token_bytes,
+            is_control,
+            bos,
+            eos,
+            add_bos: file
+                .get_bool_opt("tokenizer.ggml.add_bos_token")
+                .unwrap_or(false),
+            end_tokens,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    /// Token ids of `text`; special-token strings in it map to their ids. No BOS is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(err)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of a whole prompt: like `encode`, with the model's BOS in front when the model
+    /// asks for one and the text does not already start with it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The bytes a token stands for (special tokens: their text).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.token_bytes
+            .get(id as usize)
+            .map(|b| b.as_slice())
+            .unwrap_or(&[])
+    }
+
+    pub fn is_control(&self, id: u32) -> bool {
+        self.is_control.get(id as usize).copied().unwrap_or(false)
+    }
+
+    pub fn is_end(&self, id: u32) -> bool {
+        self.end_tokens.contains(&id)
+    }
+
+    /// The text of a whole sequence of ids (invalid UTF-8 replaced).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| self.token_bytes(i).iter().copied())
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The id of a token given by its exact text, e.g. "<|im_end|>".
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+}
+
+/// Turns token bytes into text as they arrive, holding back a character whose bytes are split
+/// across tokens until it is complete.
+#[derive(Default, Clone)]
+pub struct TextStream {
+    pending: Vec<u8>,
+}
+
+impl TextStream {
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
+                    );
+                    match e.error_len() {
+                        // Incomplete character at the end: wait for more bytes.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whatever is still held back, made valid.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_holds_back_split_characters() {
+        let mut s = TextStream::default();
+        let rocket = "🚀".as_bytes();
+        assert_eq!(s.push(b"a"), "a");
+        assert_eq!(s.push(&rocket[..1]), "");
+        assert_eq!(s.push(&rocket[1..3]), "");
+        assert_eq!(s.push(&rocket[3..]), "🚀");
+        assert_eq!(s.push(&[0xff, b'b']), "\u{fffd}b");
+        assert_eq!(s.push(&rocket[..2]), "");
+        assert_eq!(s.finish(), "\u{fffd}");
+    }
+
+    #[test]
+    fn byte_table_covers_all_bytes() {
+        let t = byte_level_decoding_table();
+        assert_eq!(t.len(), 256);
+        assert_eq!(t[&'Ġ'], b' ');
+        assert_eq!(t[&'Ċ'], b'\n');
+        assert_eq!(t[&'a'], b'a');
+    }
+}
