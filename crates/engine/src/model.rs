@@ -275,9 +275,11 @@ impl Model {
             // Attention block.
             let a = &layer.attn;
             norm_rows(&x, &a.norm, c.rms_eps, &mut h, d);
-            kernels::matmul(&h, n, &a.wq, &mut q);
-            kernels::matmul(&h, n, &a.wk, &mut k);
-            kernels::matmul(&h, n, &a.wv, &mut v);
+            kernels::matmul_many(
+                &h,
+                n,
+                &mut [(&a.wq, &mut q), (&a.wk, &mut k), (&a.wv, &mut v)],
+            );
             add_bias(&mut q, a.bq.as_deref());
             add_bias(&mut k, a.bk.as_deref());
             add_bias(&mut v, a.bv.as_deref());
@@ -292,36 +294,53 @@ impl Model {
                 );
             }
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
-            att.par_chunks_mut(hd).enumerate().for_each_init(
-                Vec::new,
-                |scores: &mut Vec<f32>, (idx, out)| {
-                    let (r, head) = (idx / c.n_head, idx % c.n_head);
-                    let cache = caches[row_item[r]];
-                    let kvh = head / group;
-                    let qv = &q[r * qd + head * hd..r * qd + (head + 1) * hd];
-                    let len = row_pos[r] + 1;
-                    scores.clear();
-                    scores.extend(
-                        (0..len).map(|t| kernels::dot(qv, cache.key(li, t, kvh, hd)) * scale),
-                    );
-                    kernels::softmax(scores);
-                    out.fill(0.0);
-                    for (t, &p) in scores.iter().enumerate() {
-                        kernels::axpy(p, cache.value(li, t, kvh, hd), out);
+            // One job per (row, kv head): each key and value is read once for the query heads
+            // that share it.
+            let attend = |scores: &mut Vec<f32>, (idx, out): (usize, &mut [f32])| {
+                let (r, kvh) = (idx / c.n_kv_head, idx % c.n_kv_head);
+                let cache = caches[row_item[r]];
+                let len = row_pos[r] + 1;
+                let q0 = r * qd + kvh * group * hd;
+                scores.clear();
+                scores.resize(group * len, 0.0);
+                for t in 0..len {
+                    let key = cache.key(li, t, kvh, hd);
+                    for g in 0..group {
+                        scores[g * len + t] =
+                            kernels::dot(&q[q0 + g * hd..q0 + (g + 1) * hd], key) * scale;
                     }
-                },
-            );
+                }
+                for g in 0..group {
+                    kernels::softmax(&mut scores[g * len..(g + 1) * len]);
+                }
+                out.fill(0.0);
+                for t in 0..len {
+                    let value = cache.value(li, t, kvh, hd);
+                    for g in 0..group {
+                        kernels::axpy(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
+                    }
+                }
+            };
+            // Threads pay off once there are enough (row, head, position) triples.
+            let work: usize = row_pos.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
+            if work < 1 << 16 {
+                let mut scores = Vec::new();
+                att.chunks_mut(group * hd)
+                    .enumerate()
+                    .for_each(|job| attend(&mut scores, job));
+            } else {
+                att.par_chunks_mut(group * hd)
+                    .enumerate()
+                    .for_each_init(Vec::new, attend);
+            }
             kernels::matmul(&att, n, &a.wo, &mut proj);
             add_rows(&mut x, &proj);
 
             // Feed-forward block.
             let m = &layer.mlp;
             norm_rows(&x, &m.norm, c.rms_eps, &mut h, d);
-            kernels::matmul(&h, n, &m.gate, &mut gate);
-            kernels::matmul(&h, n, &m.up, &mut up);
-            gate.par_chunks_mut(c.d_ff)
-                .zip(up.par_chunks(c.d_ff))
-                .for_each(|(g, u)| kernels::swiglu(g, u));
+            kernels::matmul_many(&h, n, &mut [(&m.gate, &mut gate), (&m.up, &mut up)]);
+            kernels::swiglu(&mut gate, &up);
             kernels::matmul(&gate, n, &m.down, &mut proj);
             add_rows(&mut x, &proj);
         }
@@ -360,9 +379,9 @@ pub struct BatchItem<'a> {
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
-    out.par_chunks_mut(d)
-        .zip(x.par_chunks(d))
-        .for_each(|(o, xr)| kernels::rms_norm(xr, w, eps, o));
+    for (o, xr) in out.chunks_mut(d).zip(x.chunks(d)) {
+        kernels::rms_norm(xr, w, eps, o);
+    }
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {

@@ -4,18 +4,25 @@
 //! This module is the one place where `unsafe` lives in the engine: reinterpreting the GGUF bytes as
 //! quantized blocks and letting worker threads write disjoint output columns.
 //!
-//! The block formats and their integer dot products come from candle (`GgmlType`): each weight
-//! block type pairs with an activation block type (`VecDotType`, e.g. Q8_0 or Q8_K); the activations
-//! are quantized once per product and every weight row is applied to all activation rows while it
-//! is hot in cache. Each output element is one `vec_dot` of one weight row and one activation row,
-//! so its value does not depend on how many rows share the pass: plain and speculative decoding
-//! produce bit-identical logits.
+//! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) have our own kernels
+//! (`quant` in plain Rust, `x86` with AVX2 or AVX-512 VNNI chosen at run time): activations are
+//! quantized once per product to 8 bits per 32 values, and every weight sub-block is decoded once
+//! and applied to all activation rows while it is in registers. Other formats (F32, F16, Q5_1,
+//! Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output element's value
+//! does not depend on how many rows share the pass, so plain and speculative decoding produce
+//! bit-identical logits.
 
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::GgmlDType;
 use half::f16;
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+pub mod quant;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+use quant::{Format, QuantizedActs};
 
 /// Runs `$body` with the type alias `$t` bound to the block type of `$dtype`.
 macro_rules! dispatch {
@@ -210,15 +217,188 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// Which implementation of the quantized dot products runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let base = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if base
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Avx512Vnni;
+            }
+            if base {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Every implementation this CPU can run (for tests).
+    pub fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| match i {
+                Isa::Scalar => true,
+                Isa::Avx2 => best != Isa::Scalar,
+                Isa::Avx512Vnni => best == Isa::Avx512Vnni,
+            })
+            .collect()
+    }
+}
+
+/// The implementation in use: the best the CPU has, or `PLD_KERNEL=scalar|avx2` to force one.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = Isa::detect();
+        match std::env::var("PLD_KERNEL").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            _ => best,
+        }
+    })
+}
+
 /// `out[i, j] = sum_k x[i, k] * w[j, k]` for `m` activation rows: `x` is `m x w.cols`, `out` is
 /// `m x w.rows`, both row-major.
 pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
-    assert_eq!(x.len(), m * w.cols, "activation shape");
-    assert_eq!(out.len(), m * w.rows, "output shape");
+    matmul_with(isa(), x, m, w, out)
+}
+
+/// `matmul` with a chosen implementation.
+pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
+    matmul_many_with(isa, x, m, &mut [(w, out)])
+}
+
+/// Several products of the same activations (q/k/v, gate/up): the activations are quantized once
+/// and all weight rows are shared out to the threads in one go.
+pub fn matmul_many(x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
+    matmul_many_with(isa(), x, m, jobs)
+}
+
+/// Activation rows handled together per pass over a chunk of weight rows (keeps them in L2).
+const ROW_GROUP: usize = 32;
+
+thread_local! {
+    static ACTS: std::cell::RefCell<[QuantizedActs; 2]> = Default::default();
+}
+
+pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
     if m == 0 {
         return;
     }
-    dispatch!(w.dtype, T => matmul_typed::<T>(x, m, w, out))
+    let mut own = Vec::new();
+    for (w, out) in jobs.iter_mut() {
+        assert_eq!(x.len(), m * w.cols, "activation shape");
+        assert_eq!(out.len(), m * w.rows, "output shape");
+        match Format::from_ggml(w.dtype) {
+            Some(f) if w.cols % f.act_block() == 0 => own.push((f, &**w, OutPtr(out.as_mut_ptr()))),
+            _ => dispatch!(w.dtype, T => matmul_typed::<T>(x, m, w, out)),
+        }
+    }
+    if own.is_empty() {
+        return;
+    }
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        let k = own[0].1.cols;
+        for (slot, block) in [(0usize, 32usize), (1, 256)] {
+            if own.iter().any(|(f, _, _)| f.act_block() == block) {
+                acts[slot].quantize(x, m, k, block);
+            }
+        }
+        let acts = &*acts;
+        // Work items: runs of weight rows of one matrix.
+        let threads = rayon::current_num_threads().max(1);
+        let total: usize = own.iter().map(|(_, w, _)| w.rows).sum();
+        let chunk = total.div_ceil(threads * 4).clamp(8, 512);
+        let mut work = Vec::new();
+        for (ji, (_, w, _)) in own.iter().enumerate() {
+            for j0 in (0..w.rows).step_by(chunk) {
+                work.push((ji, j0, (j0 + chunk).min(w.rows)));
+            }
+        }
+        let run = |&(ji, j0, j1): &(usize, usize, usize)| {
+            let (f, w, out_ptr) = own[ji];
+            let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
+            let (elems, bytes) = f.super_block();
+            let row_bytes = w.cols / elems * bytes;
+            let wb = w.bytes.as_slice();
+            let n = w.rows;
+            let mut tmp = [0f32; ROW_GROUP];
+            for g0 in (0..m).step_by(ROW_GROUP) {
+                let g = (m - g0).min(ROW_GROUP);
+                for j in j0..j1 {
+                    dot_rows(
+                        isa,
+                        f,
+                        &wb[j * row_bytes..(j + 1) * row_bytes],
+                        a,
+                        g0,
+                        &mut tmp[..g],
+                    );
+                    for (i, v) in tmp[..g].iter().enumerate() {
+                        // SAFETY: g0 + i < m and j < n; rows j0..j1 of this matrix belong to
+                        // this work item alone, and the output outlives the loop.
+                        unsafe { *out_ptr.0.add((g0 + i) * n + j) = *v };
+                    }
+                }
+            }
+        };
+        if threads == 1 || work.len() == 1 {
+            work.iter().for_each(run);
+        } else {
+            work.par_iter().for_each(run);
+        }
+    });
+}
+
+/// One weight row against activation rows `r0..r0 + out.len()`.
+#[inline]
+fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        use x86::*;
+        macro_rules! call {
+            ($code:expr) => {
+                // SAFETY: `isa` is only Avx2 / Avx512Vnni when the CPU has those features
+                // (`Isa::detect`), and `acts` holds rows r0..r0 + out.len() of whole blocks.
+                unsafe {
+                    if isa == Isa::Avx512Vnni {
+                        dot_rows_vnni::<{ $code }>(wrow, acts, r0, out)
+                    } else {
+                        dot_rows_avx2::<{ $code }>(wrow, acts, r0, out)
+                    }
+                }
+            };
+        }
+        match f {
+            Format::Q4_0 => call!(Q4_0),
+            Format::Q4_1 => call!(Q4_1),
+            Format::Q5_0 => call!(Q5_0),
+            Format::Q8_0 => call!(Q8_0),
+            Format::Q4K => call!(Q4K),
+            Format::Q6K => call!(Q6K),
+        }
+        return;
+    }
+    let _ = isa;
+    quant::dot_rows_scalar(f, wrow, acts, r0, out)
 }
 
 fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
@@ -285,11 +465,26 @@ fn quantize_typed<T: GgmlType>(data: &[f32]) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, size) }.to_vec()
 }
 
-/// Dot product with eight independent accumulators (lets the compiler vectorize, and fixes the
-/// summation order so results never depend on the caller).
+fn has_avx2() -> bool {
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(|| isa() != Isa::Scalar)
+}
+
+/// Dot product of two f32 slices. Every call on a machine takes the same path (AVX2 with FMA when
+/// the CPU has it), so results never depend on the caller.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present (checked by `isa`), lengths are equal.
+        return unsafe { x86::dot_f32(a, b) };
+    }
+    dot_scalar(a, b)
+}
+
+/// The plain version of `dot`, eight independent accumulators.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {
@@ -308,7 +503,16 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `y += alpha * x`
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!(x.len(), y.len());
+    assert_eq!(x.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present, lengths are equal.
+        return unsafe { x86::axpy_f32(alpha, x, y) };
+    }
+    axpy_scalar(alpha, x, y)
+}
+
+pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }

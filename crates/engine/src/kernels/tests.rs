@@ -104,6 +104,16 @@ fn float_helpers_match_plain_loops() {
         let b = random_vec(n, 1000 + n as u64);
         let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
         assert!((dot(&a, &b) as f64 - plain).abs() < 1e-4, "dot n={n}");
+        assert!(
+            (dot_scalar(&a, &b) as f64 - plain).abs() < 1e-4,
+            "dot_scalar n={n}"
+        );
+        let (mut y1, mut y2) = (b.clone(), b.clone());
+        axpy(0.7, &a, &mut y1);
+        axpy_scalar(0.7, &a, &mut y2);
+        for (p, q) in y1.iter().zip(&y2) {
+            assert!((p - q).abs() < 1e-6, "axpy n={n}");
+        }
         let mut s = a.clone();
         softmax(&mut s);
         let total: f32 = s.iter().sum();
@@ -113,5 +123,91 @@ fn float_helpers_match_plain_loops() {
         rms_norm(&a, &w, 1e-6, &mut o);
         let ms: f32 = o.iter().map(|v| v * v).sum::<f32>() / n as f32;
         assert!((ms - 1.0).abs() < 1e-3, "rms n={n}: {ms}");
+    }
+}
+
+const OWN: [GgmlDType; 6] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q6K,
+];
+
+/// Our sub-block decoding gives exactly candle's dequantized values.
+#[test]
+fn own_decoding_equals_candle_dequantization() {
+    for (ti, &dtype) in OWN.iter().enumerate() {
+        let f = quant::Format::from_ggml(dtype).unwrap();
+        let (elems, bytes) = f.super_block();
+        let cols = elems * 3;
+        let data = random_vec(2 * cols, 50 + ti as u64);
+        let q = quantize(dtype, &data);
+        let mat = QMatrix::new(dtype, 2, cols, Bytes::owned(&q)).unwrap();
+        let reference = mat.dequantize();
+        for (s, sb) in q.chunks_exact(bytes).enumerate() {
+            let values = f.dequantize_super_block(sb);
+            for (e, v) in values.iter().enumerate() {
+                let r = reference[s * elems + e];
+                assert!(
+                    (v - r).abs() <= 1e-6 * r.abs().max(1.0),
+                    "{dtype:?} super-block {s} element {e}: {v} vs {r}"
+                );
+            }
+        }
+    }
+}
+
+/// Every implementation (scalar, AVX2, VNNI) of every own format, at awkward row counts, against
+/// the plain f64 product of the dequantized weights and against each other.
+#[test]
+fn every_isa_matches_the_scalar_reference() {
+    for (ti, &dtype) in OWN.iter().enumerate() {
+        let cols = if dtype.block_size() == 256 { 768 } else { 96 };
+        let rows = 37;
+        let w = random_vec(rows * cols, 200 + ti as u64);
+        let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
+        let wf = mat.dequantize();
+        for m in [1usize, 3, 5, 8, 13, 33] {
+            let x = random_vec(m * cols, 300 + m as u64);
+            let mut scalar = vec![0f32; m * rows];
+            matmul_with(Isa::Scalar, &x, m, &mat, &mut scalar);
+            let reference = matmul_reference(&x, m, &mat);
+            for isa in Isa::available() {
+                let mut out = vec![0f32; m * rows];
+                matmul_with(isa, &x, m, &mat, &mut out);
+                for i in 0..m {
+                    for j in 0..rows {
+                        let mag: f32 = (0..cols)
+                            .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
+                            .sum();
+                        let (a, s, r) = (
+                            out[i * rows + j],
+                            scalar[i * rows + j],
+                            reference[i * rows + j],
+                        );
+                        assert!(
+                            (a - s).abs() <= 1e-5 * mag + 1e-6,
+                            "{isa:?} {dtype:?} m={m} ({i},{j}): {a} vs scalar {s}"
+                        );
+                        assert!(
+                            (a - r).abs() <= 0.02 * mag + 1e-4,
+                            "{isa:?} {dtype:?} m={m} ({i},{j}): {a} vs f64 reference {r}"
+                        );
+                    }
+                }
+                // Each row alone gives bit-identical results to the row inside the batch.
+                for i in [0, m - 1] {
+                    let mut one = vec![0f32; rows];
+                    matmul_with(isa, &x[i * cols..(i + 1) * cols], 1, &mat, &mut one);
+                    assert_eq!(
+                        one,
+                        out[i * rows..(i + 1) * rows],
+                        "{isa:?} {dtype:?} m={m} row {i}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,360 @@
+//! AVX2 (and AVX-512 VNNI) versions of `quant::dot_rows_scalar`, chosen at run time.
+//!
+//! Each weight block is decoded once into registers of small integers and applied to up to `MR`
+//! activation rows before the next block is read. Every row keeps its own accumulators and sees
+//! exactly the same operations in the same order whatever tile it is computed in, so a row's result
+//! does not depend on how many rows share the pass.
+
+use super::quant::{q4k_scales_mins, QuantizedActs};
+use std::arch::x86_64::*;
+
+pub const Q4_0: u8 = 0;
+pub const Q4_1: u8 = 1;
+pub const Q5_0: u8 = 2;
+pub const Q8_0: u8 = 3;
+pub const Q4K: u8 = 4;
+pub const Q6K: u8 = 5;
+
+#[inline(always)]
+unsafe fn nibbles_16(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let hi = _mm_srli_epi16(q, 4);
+    _mm256_and_si256(_mm256_set_m128i(hi, q), _mm256_set1_epi8(0x0F))
+}
+
+/// 0xFF in byte k where bit k of `bits` is set.
+#[inline(always)]
+unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    let shuf = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let sel = _mm256_and_si256(_mm256_shuffle_epi8(v, shuf), mask);
+    _mm256_cmpeq_epi8(sel, mask)
+}
+
+#[inline(always)]
+unsafe fn f16_fast(p: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([p[at], p[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// Sum of unsigned-by-signed byte products in eight i32 lanes (four bytes each).
+#[inline(always)]
+unsafe fn udot<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const i8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 32-element formats: one float scale per block.
+#[inline(always)]
+unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let bytes = match F {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 34,
+    };
+    let nb = wrow.len() / bytes;
+    let mut acc = [_mm256_setzero_ps(); MR];
+    let mut macc = [0f32; MR];
+    let qbase = acts.q.as_ptr();
+    for b in 0..nb {
+        let blk = wrow.get_unchecked(b * bytes..(b + 1) * bytes);
+        let p = blk.as_ptr();
+        let d = f16_fast(blk, 0);
+        // Unsigned weights `u` (or |w| for Q8_0) and the offset per unit of activation sum.
+        let (u, signs, offset) = match F {
+            Q4_0 => (nibbles_16(p.add(2)), None, -8.0 * d),
+            Q4_1 => (nibbles_16(p.add(4)), None, f16_fast(blk, 2)),
+            Q5_0 => {
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+                (_mm256_or_si256(nibbles_16(p.add(6)), hi), None, -16.0 * d)
+            }
+            _ => {
+                let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                (_mm256_sign_epi8(w, w), Some(w), 0.0)
+            }
+        };
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 32 + b;
+            let x = load(qbase.add(bi * 32));
+            let x = match signs {
+                Some(w) => _mm256_sign_epi8(x, w),
+                None => x,
+            };
+            let dot = udot::<VNNI>(u, x);
+            let dx = *acts.d.get_unchecked(bi);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), acc[r]);
+            if F != Q8_0 {
+                macc[r] += offset * *acts.ds.get_unchecked(bi);
+            }
+        }
+    }
+    for r in 0..MR {
+        out[r] = hsum(acc[r]) + macc[r];
+    }
+}
+
+/// Q4_K: 256-element super-blocks, 6-bit integer scales and mins per 32.
+#[inline(always)]
+unsafe fn tile_q4k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    let nsb = wrow.len() / 144;
+    let mut acc = [_mm256_setzero_ps(); MR];
+    let qbase = acts.q.as_ptr();
+    let low = _mm256_set1_epi8(0x0F);
+    for s in 0..nsb {
+        let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
+        let (d, dmin) = (f16_fast(sb, 0), f16_fast(sb, 2));
+        let (sc, m) = q4k_scales_mins(&sb[4..16]);
+        let mut isum = [_mm256_setzero_si256(); MR];
+        for p in 0..4 {
+            let q = _mm256_loadu_si256(sb.as_ptr().add(16 + 32 * p) as *const __m256i);
+            let lo = _mm256_and_si256(q, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            let s_lo = _mm256_set1_epi16(sc[2 * p] as i16);
+            let s_hi = _mm256_set1_epi16(sc[2 * p + 1] as i16);
+            for r in 0..MR {
+                let xp = qbase.add((r0 + r) * acts.k + s * 256 + 64 * p);
+                let a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(xp)), s_lo);
+                let b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(xp.add(32))), s_hi);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(a, b));
+            }
+        }
+        let mins = _mm256_setr_epi16(
+            m[0] as i16,
+            m[0] as i16,
+            m[1] as i16,
+            m[1] as i16,
+            m[2] as i16,
+            m[2] as i16,
+            m[3] as i16,
+            m[3] as i16,
+            m[4] as i16,
+            m[4] as i16,
+            m[5] as i16,
+            m[5] as i16,
+            m[6] as i16,
+            m[6] as i16,
+            m[7] as i16,
+            m[7] as i16,
+        );
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 256 + s;
+            let bs = _mm256_loadu_si256(acts.bsums.as_ptr().add(bi * 16) as *const __m256i);
+            let msum = _mm256_madd_epi16(bs, mins);
+            let dx = *acts.d.get_unchecked(bi);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
+        }
+    }
+    for r in 0..MR {
+        out[r] = hsum(acc[r]);
+    }
+}
+
+/// Q6_K: 256-element super-blocks, 6-bit values offset by 32, an 8-bit scale per 16.
+#[inline(always)]
+unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    let nsb = wrow.len() / 210;
+    let mut acc = [_mm256_setzero_ps(); MR];
+    let qbase = acts.q.as_ptr();
+    let low = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    for s in 0..nsb {
+        let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
+        let p = sb.as_ptr();
+        let d = f16_fast(sb, 208);
+        let sc = |i: usize| sb[192 + i] as i8 as i16;
+        let mut isum = [_mm256_setzero_si256(); MR];
+        for chunk in 0..8 {
+            let (half, quarter) = (chunk / 4, chunk % 4);
+            let ql = _mm256_loadu_si256(p.add(64 * half + 32 * (quarter & 1)) as *const __m256i);
+            let lo = if quarter < 2 {
+                ql
+            } else {
+                _mm256_srli_epi16(ql, 4)
+            };
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+            let h = match quarter {
+                0 => qh,
+                1 => _mm256_srli_epi16(qh, 2),
+                2 => _mm256_srli_epi16(qh, 4),
+                _ => _mm256_srli_epi16(qh, 6),
+            };
+            let u = _mm256_or_si256(
+                _mm256_and_si256(lo, low),
+                _mm256_slli_epi16(_mm256_and_si256(h, three), 4),
+            );
+            let g = 8 * half + 2 * quarter;
+            let scv = _mm256_set_m128i(_mm_set1_epi16(sc(g + 1)), _mm_set1_epi16(sc(g)));
+            for r in 0..MR {
+                let xp = qbase.add((r0 + r) * acts.k + s * 256 + 32 * chunk);
+                let v = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load(xp)), scv);
+                isum[r] = _mm256_add_epi32(isum[r], v);
+            }
+        }
+        let scales = _mm256_setr_epi16(
+            sc(0),
+            sc(1),
+            sc(2),
+            sc(3),
+            sc(4),
+            sc(5),
+            sc(6),
+            sc(7),
+            sc(8),
+            sc(9),
+            sc(10),
+            sc(11),
+            sc(12),
+            sc(13),
+            sc(14),
+            sc(15),
+        );
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 256 + s;
+            let bs = _mm256_loadu_si256(acts.bsums.as_ptr().add(bi * 16) as *const __m256i);
+            // The values are stored plus 32: take 32 * scale * sum(x) back out.
+            let bias = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales), 5);
+            let total = _mm256_sub_epi32(isum[r], bias);
+            let dx = *acts.d.get_unchecked(bi);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * dx), acc[r]);
+        }
+    }
+    for r in 0..MR {
+        out[r] = hsum(acc[r]);
+    }
+}
+
+#[inline(always)]
+unsafe fn tile<const F: u8, const MR: usize, const VNNI: bool>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    match F {
+        Q4K => tile_q4k::<MR>(wrow, acts, r0, out),
+        Q6K => tile_q6k::<MR>(wrow, acts, r0, out),
+        _ => tile32::<F, MR, VNNI>(wrow, acts, r0, out),
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `acts` must hold rows `r0..r0 + out.len()` quantized in
+/// the blocks format `F` wants, and `wrow` one weight row of the same length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_rows_avx2<const F: u8>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        tile::<F, 4, false>(wrow, acts, r0 + r, &mut out[r..r + 4]);
+        r += 4;
+    }
+    while r < out.len() {
+        tile::<F, 1, false>(wrow, acts, r0 + r, &mut out[r..r + 1]);
+        r += 1;
+    }
+}
+
+/// # Safety
+/// As `dot_rows_avx2`, and the CPU must have AVX-512 F, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn dot_rows_vnni<const F: u8>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r + 8 <= out.len() {
+        tile::<F, 8, true>(wrow, acts, r0 + r, &mut out[r..r + 8]);
+        r += 8;
+    }
+    while r + 4 <= out.len() {
+        tile::<F, 4, true>(wrow, acts, r0 + r, &mut out[r..r + 4]);
+        r += 4;
+    }
+    while r < out.len() {
+        tile::<F, 1, true>(wrow, acts, r0 + r, &mut out[r..r + 1]);
+        r += 1;
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX2 and FMA; `a` and `b` have the same length.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        acc1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(i + 8)),
+            _mm256_loadu_ps(pb.add(i + 8)),
+            acc1,
+        );
+        i += 16;
+    }
+    if i + 8 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        i += 8;
+    }
+    let mut s = hsum(_mm256_add_ps(acc0, acc1));
+    while i < n {
+        s += a[i] * b[i];
+        i += 1;
+    }
+    s
+}
+
+/// # Safety
+/// The CPU must have AVX2 and FMA; `x` and `y` have the same length.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len();
+    let va = _mm256_set1_ps(alpha);
+    let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
+        _mm256_storeu_ps(py.add(i), v);
+        i += 8;
+    }
+    while i < n {
+        y[i] += alpha * x[i];
+        i += 1;
+    }
+}
