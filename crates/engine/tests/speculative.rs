@@ -1,0 +1,211 @@
+//! Prompt lookup decoding on real models: speculative greedy output equals plain greedy output token
+//! for token, drafts are really accepted on grounded prompts, and the edge cases (short prompts,
+//! EOS or max tokens inside an accepted run, stop strings, a full context) end where plain decoding
+//! ends.
+
+mod common;
+
+use common::*;
+use engine::{FinishReason, GenerationConfig, GenerationOutput, LoadedModel, Message};
+
+fn run(lm: &LoadedModel, prompt: &[u32], config: GenerationConfig, ctx: usize) -> GenerationOutput {
+    engine::generate(
+        &lm.model,
+        &lm.tokenizer,
+        prompt.to_vec(),
+        config,
+        ctx,
+        |_| {},
+    )
+    .expect("generation runs")
+}
+
+fn greedy(max_new_tokens: usize, k: usize, min_n: usize, max_n: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens,
+        prompt_lookup_num_tokens: k,
+        prompt_lookup_min: min_n,
+        max_matching_ngram_size: max_n,
+        ..Default::default()
+    }
+}
+
+fn assert_same(alias: &str, what: &str, plain: &GenerationOutput, spec: &GenerationOutput) {
+    assert_eq!(
+        plain.token_ids, spec.token_ids,
+        "{alias} {what}: speculative tokens differ from plain decoding"
+    );
+    assert_eq!(plain.text, spec.text, "{alias} {what}: text differs");
+    assert_eq!(plain.finish_reason, spec.finish_reason, "{alias} {what}");
+}
+
+/// A grounded prompt from the dev workload, rendered with the model's template.
+fn grounded_prompt(lm: &LoadedModel, category: &str) -> Vec<u32> {
+    let path = shared_dir().join("bench").join("grounded-dev.jsonl");
+    let text = std::fs::read_to_string(&path).expect("grounded-dev.jsonl");
+    let row: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["category"] == category)
+        .expect("a row of the category");
+    let turn = row["turns"][0].as_str().unwrap();
+    let prompt = lm.render_chat(&[Message::new("user", turn)]).unwrap();
+    lm.tokenizer.encode_prompt(&prompt).unwrap()
+}
+
+#[test]
+fn greedy_identity_over_k_and_ngram_ranges() {
+    for (alias, file) in FIXTURE_MODELS {
+        let fx = fixture(file);
+        let lm = model(alias);
+        for case in &fx.generation {
+            let plain = run(&lm, &case.prompt_ids, greedy(64, 0, 1, 1), 4096);
+            assert_eq!(plain.stats.mean_accepted_tokens(), 1.0);
+            for k in [1, 2, 4, 8, 16] {
+                for (min_n, max_n) in [(1, 1), (1, 3), (2, 4)] {
+                    let spec = run(&lm, &case.prompt_ids, greedy(64, k, min_n, max_n), 4096);
+                    let what = format!("{} K={k} n={min_n}..{max_n}", case.name);
+                    assert_same(alias, &what, &plain, &spec);
+                    assert!(spec.stats.draft_tokens <= k * spec.stats.steps);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grounded_prompts_accept_drafts_and_stay_identical() {
+    let lm = model("smollm2-135m");
+    for category in ["code_edit", "json_extraction"] {
+        let prompt = grounded_prompt(&lm, category);
+        let plain = run(&lm, &prompt, greedy(96, 0, 1, 1), 4096);
+        let spec = run(&lm, &prompt, greedy(96, 8, 1, 3), 4096);
+        assert_same("smollm2-135m", category, &plain, &spec);
+        assert!(
+            spec.stats.accepted_tokens > 0,
+            "{category}: no draft was accepted ({:?})",
+            spec.stats
+        );
+        assert!(
+            spec.stats.steps < plain.stats.steps,
+            "{category}: fewer passes expected"
+        );
+        assert!(spec.stats.mean_accepted_tokens() > 1.0);
+    }
+}
+
+#[test]
+fn edge_cases_end_where_plain_decoding_ends() {
+    let alias = "smollm2-135m";
+    let lm = model(alias);
+    // A prompt shorter than the n-gram.
+    let short = lm.tokenizer.encode("Hi").unwrap();
+    let plain = run(&lm, &short, greedy(24, 0, 1, 1), 4096);
+    let spec = run(&lm, &short, greedy(24, 4, 3, 4), 4096);
+    assert_same(alias, "short prompt", &plain, &spec);
+
+    // EOS inside a draft: the answer was already given word for word in an earlier turn, so the
+    // drafts copy it, end-of-turn token included.
+    let answer = "The capital of France is Paris.";
+    let messages = [
+        Message::new(
+            "user",
+            "What is the capital of France? Answer in one sentence.",
+        ),
+        Message::new("assistant", answer),
+        Message::new(
+            "user",
+            "What is the capital of France? Answer in one sentence.",
+        ),
+    ];
+    let prompt = lm
+        .tokenizer
+        .encode_prompt(&lm.render_chat(&messages).unwrap())
+        .unwrap();
+    let plain = run(&lm, &prompt, greedy(64, 0, 1, 1), 4096);
+    let spec = run(&lm, &prompt, greedy(64, 16, 1, 3), 4096);
+    assert_same(alias, "eos in draft", &plain, &spec);
+    assert_eq!(spec.finish_reason, FinishReason::Stop);
+    assert!(
+        lm.tokenizer.is_end(*spec.token_ids.last().unwrap()),
+        "ends on the end-of-turn token"
+    );
+    assert!(
+        spec.stats.accepted_tokens > 0,
+        "the copied answer was drafted"
+    );
+
+    // Max tokens inside an accepted run: exactly max_new_tokens tokens.
+    let code = grounded_prompt(&lm, "code_edit");
+    let long_plain = run(&lm, &code, greedy(80, 0, 1, 1), 4096);
+    for max in [1, 2, 7, 33] {
+        let spec = run(&lm, &code, greedy(max, 16, 1, 3), 4096);
+        assert_eq!(spec.token_ids.len(), max, "max_new_tokens {max}");
+        assert_eq!(spec.token_ids[..], long_plain.token_ids[..max]);
+        assert_eq!(spec.finish_reason, FinishReason::Length);
+    }
+
+    // Stop strings reached inside an accepted run.
+    let stop_at = {
+        let t = &long_plain.text;
+        let mid = t.char_indices().nth(t.chars().count() / 2).unwrap().0;
+        t[mid..].chars().take(3).collect::<String>()
+    };
+    let mut with_stop = greedy(80, 0, 1, 1);
+    with_stop.stop = vec![stop_at.clone()];
+    let plain = run(&lm, &code, with_stop.clone(), 4096);
+    with_stop.prompt_lookup_num_tokens = 16;
+    with_stop.max_matching_ngram_size = 3;
+    let spec = run(&lm, &code, with_stop, 4096);
+    assert_eq!(plain.text, spec.text, "stop string {stop_at:?}");
+    assert!(!spec.text.contains(&stop_at));
+    assert_eq!(spec.finish_reason, FinishReason::Stop);
+
+    // Drafts clipped at the end of the context: the cache holds the prompt and 20 more.
+    let ctx = code.len() + 20;
+    let plain = run(&lm, &code, greedy(200, 0, 1, 1), ctx);
+    let spec = run(&lm, &code, greedy(200, 16, 1, 3), ctx);
+    assert_same(alias, "full context", &plain, &spec);
+    assert_eq!(spec.finish_reason, FinishReason::Length);
+    assert!(code.len() + spec.token_ids.len() <= ctx);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_with_and_without_speculation() {
+    let lm = model("smollm2-135m");
+    let prompt = grounded_prompt(&lm, "code_edit");
+    for k in [0, 8] {
+        let mut c = greedy(40, k, 1, 3);
+        c.sampling.do_sample = true;
+        c.sampling.temperature = 0.8;
+        c.sampling.top_p = 0.95;
+        c.seed = Some(42);
+        let a = run(&lm, &prompt, c.clone(), 4096);
+        let b = run(&lm, &prompt, c.clone(), 4096);
+        assert_eq!(a.token_ids, b.token_ids, "K={k}: same seed, same tokens");
+        c.seed = Some(43);
+        let d = run(&lm, &prompt, c, 4096);
+        assert_ne!(
+            a.token_ids, d.token_ids,
+            "K={k}: another seed, other tokens"
+        );
+    }
+}
+
+#[test]
+fn prompt_longer_than_context_is_an_error() {
+    let lm = model("smollm2-135m");
+    let prompt = grounded_prompt(&lm, "code_edit");
+    let err = engine::generate(
+        &lm.model,
+        &lm.tokenizer,
+        prompt.clone(),
+        greedy(8, 0, 1, 1),
+        prompt.len(),
+        |_| {},
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("prompt is too long"), "{msg}");
+    assert!(msg.contains(&prompt.len().to_string()), "{msg}");
+}
