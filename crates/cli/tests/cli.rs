@@ -1,0 +1,293 @@
+//! The `pld` binary end to end: bad input gets a clear message and a non-zero exit (never a panic),
+//! `fetch` prints the model path last, and `generate --json` / `--compare --json` hold their fields.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn pld(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pld"))
+        .args(args)
+        .output()
+        .expect("pld runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails unless the command exited non-zero with `needle` in its message and without a panic.
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success: {err}");
+    assert!(err.contains(needle), "message lacks {needle:?}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "panic: {err}"
+    );
+}
+
+fn smollm_path() -> PathBuf {
+    let o = pld(&["fetch", "smollm2-135m"]);
+    assert!(o.status.success(), "fetch failed: {}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    PathBuf::from(stdout.lines().last().expect("a path line").trim())
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pld-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn fetch_prints_the_path_of_a_valid_model() {
+    let path = smollm_path();
+    assert!(path.exists(), "{}", path.display());
+    assert_eq!(path.extension().unwrap(), "gguf");
+    assert_clean_failure(&pld(&["fetch", "gpt-17"]), "unknown model 'gpt-17'");
+}
+
+#[test]
+fn bad_model_files_are_reported() {
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            "/no/such/model.gguf",
+            "--prompt",
+            "hi",
+        ]),
+        "model file not found",
+    );
+    let not_gguf = tmp("not.gguf");
+    std::fs::write(&not_gguf, b"this is not a model").unwrap();
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            not_gguf.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ]),
+        "not a GGUF file",
+    );
+
+    let real = std::fs::read(smollm_path()).unwrap();
+    let truncated = tmp("truncated.gguf");
+    std::fs::write(&truncated, &real[..real.len() / 2]).unwrap();
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            truncated.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ]),
+        "truncated",
+    );
+
+    // Same file, architecture renamed: "llama" -> "mamba".
+    let mut arch = real.clone();
+    let key = b"general.architecture";
+    let at = find(&arch, key).expect("architecture key") + key.len() + 4 + 8;
+    assert_eq!(&arch[at..at + 5], b"llama");
+    arch[at..at + 5].copy_from_slice(b"mamba");
+    let arch_path = tmp("arch.gguf");
+    std::fs::write(&arch_path, &arch).unwrap();
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            arch_path.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ]),
+        "unsupported model architecture 'mamba'",
+    );
+
+    // A tensor whose type we cannot compute with (Q8_1, then a type candle does not know).
+    for (code, needle) in [
+        (9u32, "blk.0.attn_q.weight' has type Q8_1"),
+        (16, "ggml type 16"),
+    ] {
+        let mut bad = real.clone();
+        let name = b"blk.0.attn_q.weight";
+        let at = find(&bad, name).expect("tensor info") + name.len();
+        let dims = u32::from_le_bytes(bad[at..at + 4].try_into().unwrap()) as usize;
+        let dtype_at = at + 4 + 8 * dims;
+        bad[dtype_at..dtype_at + 4].copy_from_slice(&code.to_le_bytes());
+        let p = tmp(&format!("dtype{code}.gguf"));
+        std::fs::write(&p, &bad).unwrap();
+        assert_clean_failure(
+            &pld(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]),
+            needle,
+        );
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
+fn bad_requests_are_reported() {
+    let long = "word ".repeat(200);
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            &long,
+            "--ctx-size",
+            "64",
+        ]),
+        "prompt is too long",
+    );
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            "hi",
+            "--speculative-config",
+            "{\"num_speculative_tokens\": \"four\"}",
+        ]),
+        "--speculative-config is not valid",
+    );
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            "hi",
+            "--prompt-lookup-min",
+            "4",
+            "--prompt-lookup-max",
+            "2",
+        ]),
+        "must not be greater",
+    );
+    assert_clean_failure(
+        &pld(&[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            "hi",
+            "--top-p",
+            "0",
+        ]),
+        "top_p",
+    );
+}
+
+#[test]
+fn generate_json_has_the_documented_fields() {
+    let o = pld(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--chat",
+        "--prompt",
+        "Repeat exactly: the cat sat on the mat. the cat sat on the mat.",
+        "--max-tokens",
+        "12",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    for key in [
+        "text",
+        "token_ids",
+        "prompt_token_ids",
+        "finish_reason",
+        "usage",
+        "timing",
+        "speculation",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        v["token_ids"].as_array().unwrap().len()
+    );
+    for key in ["prefill_ms", "decode_ms", "decode_tokens_per_s"] {
+        assert!(v["timing"][key].is_number(), "timing.{key}");
+    }
+    for key in [
+        "method",
+        "num_speculative_tokens",
+        "steps",
+        "draft_tokens",
+        "accepted_tokens",
+        "acceptance_rate",
+        "mean_accepted_tokens",
+        "propose_us_per_step",
+    ] {
+        assert!(v["speculation"].get(key).is_some(), "speculation.{key}");
+    }
+    assert_eq!(v["speculation"]["method"], "ngram");
+
+    // vLLM's JSON config and the old flag names are understood.
+    let o = pld(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "a b c a b c a b",
+        "--max-tokens",
+        "4",
+        "--json",
+        "--speculative-config",
+        r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2,"prompt_lookup_min":1}"#,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["speculation"]["num_speculative_tokens"], 3);
+    assert_eq!(v["speculation"]["prompt_lookup_max"], 2);
+    let o = pld(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "a b c",
+        "--max-tokens",
+        "2",
+        "--json",
+        "--ngram-prompt-lookup-max",
+        "5",
+        "--ngram-prompt-lookup-min",
+        "2",
+        "--no-spec",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["speculation"]["prompt_lookup_max"], 5);
+    assert_eq!(v["speculation"]["num_speculative_tokens"], 0);
+    assert_eq!(v["speculation"]["method"], "none");
+}
+
+#[test]
+fn compare_reports_identical_outputs_and_a_speedup() {
+    let o = pld(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--chat",
+        "--prompt",
+        "Copy this list exactly: alpha, beta, gamma, delta, epsilon, zeta, eta, theta.",
+        "--max-tokens",
+        "24",
+        "--compare",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["identical"], true);
+    assert!(v["speedup"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["baseline"]["token_ids"], v["speculative"]["token_ids"]);
+    assert_eq!(v["baseline"]["speculation"]["mean_accepted_tokens"], 1.0);
+}
