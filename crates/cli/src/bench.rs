@@ -9,6 +9,8 @@ use std::time::Instant;
 pub enum BenchCommand {
     /// Time forward passes over 1, 2, 4, 8 and 16 new tokens.
     Forward(ForwardArgs),
+    /// Run workloads through plain and speculative decoding and report the speedup per category.
+    Run(crate::workload::RunArgs),
 }
 
 #[derive(Args, Debug)]
@@ -30,6 +32,7 @@ pub struct ForwardArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Forward(a) => forward(a),
+        BenchCommand::Run(a) => crate::workload::run(a),
     }
 }
 

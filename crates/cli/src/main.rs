@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 mod spec;
+mod workload;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

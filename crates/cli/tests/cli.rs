@@ -291,3 +291,103 @@ fn compare_reports_identical_outputs_and_a_speedup() {
     assert_eq!(v["baseline"]["token_ids"], v["speculative"]["token_ids"]);
     assert_eq!(v["baseline"]["speculation"]["mean_accepted_tokens"], 1.0);
 }
+
+/// A tiny workload: two categories, two rows each, one of them two turns long.
+fn tiny_workload() -> PathBuf {
+    let rows = [
+        r#"{"question_id": 1, "category": "copy", "turns": ["Repeat exactly: one two three four five six seven eight."]}"#,
+        r#"{"question_id": 2, "category": "copy", "turns": ["Repeat exactly: red green blue red green blue.", "Now repeat it again."]}"#,
+        r#"{"question_id": 3, "category": "chat", "turns": ["Say hello to the world."]}"#,
+        r#"{"question_id": 4, "category": "chat", "turns": ["Name a colour."]}"#,
+        r#"{"question_id": 5, "category": "chat", "turns": ["This row is past --limit 2."]}"#,
+    ];
+    let p = tmp("tiny.jsonl");
+    std::fs::write(&p, rows.join("\n")).unwrap();
+    p
+}
+
+#[test]
+fn bench_run_writes_reports_and_flags_mismatches() {
+    let workload = tiny_workload();
+    let out = tmp("bench-out");
+    let o = pld(&[
+        "bench",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--workload",
+        workload.to_str().unwrap(),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("summary JSON");
+    for key in ["model", "threads", "max_tokens", "categories", "overall"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    for cat in ["copy", "chat"] {
+        let c = &v["categories"][cat];
+        assert_eq!(c["rows"], 2, "{cat}: --limit 2");
+        for key in [
+            "speedup",
+            "mean_accepted_tokens",
+            "acceptance_rate",
+            "plain_tokens_per_s",
+            "spec_tokens_per_s",
+            "new_tokens",
+            "propose_us_per_step",
+        ] {
+            assert!(c[key].is_number(), "{cat}.{key}");
+        }
+    }
+    assert_eq!(v["overall"]["rows"], 4);
+    assert_eq!(v["overall"]["mismatches"], 0);
+    assert!(v["overall"]["speedup"].as_f64().unwrap() > 0.0);
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["rows"].as_array().unwrap().len(), 4);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("| copy |") && report.contains("threads"),
+        "{report}"
+    );
+    let svg = std::fs::read_to_string(out.join("speedup.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("copy") && svg.contains("chat"));
+
+    // The test hook makes the speculative output of the first row differ: reported, exit non-zero.
+    let o = pld(&[
+        "bench",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--workload",
+        workload.to_str().unwrap(),
+        "--limit",
+        "1",
+        "--max-tokens",
+        "8",
+        "--corrupt-first-row",
+        "--json",
+    ]);
+    assert!(!o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["overall"]["mismatches"], 1);
+    assert!(stderr(&o).contains("MISMATCH"));
+
+    assert_clean_failure(
+        &pld(&[
+            "bench",
+            "run",
+            "--model",
+            "smollm2-135m",
+            "--workload",
+            "/no/such.jsonl",
+        ]),
+        "cannot read workload",
+    );
+}

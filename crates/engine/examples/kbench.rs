@@ -1,5 +1,8 @@
+//! Throughput of the quantized matmul on a matrix larger than the caches, next to a plain
+//! streaming read of the same bytes, at m = 1 and 8 rows (developer tool).
 use candle_core::quantized::GgmlDType;
 use engine::kernels::*;
+use rayon::prelude::*;
 use std::time::Instant;
 fn main() {
     let threads: usize = std::env::args()
@@ -10,43 +13,44 @@ fn main() {
         .num_threads(threads)
         .build_global()
         .unwrap();
-    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1, GgmlDType::Q4K] {
-        let (rows, cols) = (49152 * 4, 576);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-            .collect();
-        let mat = QMatrix::new(
-            dtype,
-            rows,
-            cols.max(256) / 256 * 256 * 0 + cols,
-            Bytes::owned(&quantize(dtype, &w)),
-        );
-        let Ok(mat) = mat else { continue };
+    let (rows, cols) = (8960 * 8, 1536);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    for dtype in [
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+    ] {
+        let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
         let bytes = mat.bytes.as_slice().len();
+        // streaming read of the same bytes, same threads
+        let data = mat.bytes.as_slice();
+        let t = Instant::now();
+        let reps = 5;
+        let mut sink = 0u64;
+        for _ in 0..reps {
+            sink += data
+                .par_chunks(1 << 16)
+                .map(|c| {
+                    c.chunks_exact(8)
+                        .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                        .fold(0u64, |a, b| a ^ b)
+                })
+                .reduce(|| 0, |a, b| a ^ b);
+        }
+        let stream = bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9;
         for m in [1usize, 8] {
             let x = vec![0.3f32; m * cols];
             let mut out = vec![0f32; m * rows];
-            let isa = Isa::detect();
             let t = Instant::now();
-            let n = 10;
-            for _ in 0..n {
-                matmul_with(isa, &x, m, &mat, &mut out);
+            for _ in 0..reps {
+                matmul(&x, m, &mat, &mut out);
             }
-            let s = t.elapsed().as_secs_f64() / n as f64;
-            println!(
-                "{dtype:?} {}MB m={m} {isa:?} {threads}t: {:.3} ms, {:.1} GB/s",
-                bytes >> 20,
-                s * 1e3,
-                bytes as f64 / s / 1e9
-            );
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            println!("{dtype:?} {}MB m={m} {threads}t: {:.2} ms, {:.1} GB/s (stream read {:.1} GB/s) {sink}", bytes >> 20, s * 1e3, bytes as f64 / s / 1e9, stream);
         }
     }
-    // plain streaming read
-    let big = vec![1u64; 1 << 27];
-    let t = Instant::now();
-    let s: u64 = big.iter().sum();
-    println!(
-        "stream sum 1GB 1 thread: {:.1} GB/s ({s})",
-        (8u64 << 27) as f64 / t.elapsed().as_secs_f64() / 1e9
-    );
 }

@@ -416,7 +416,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     &seq.config.sampling,
                     &mut seq.rng,
                 );
-                if seq.corrupt_for_test && drafts > 0 {
+                if seq.corrupt_for_test {
                     seq.corrupt_for_test = false;
                     let last = verdict.tokens.last_mut().expect("one token at least");
                     *last = (*last + 1) % vocab as u32;

@@ -1,0 +1,488 @@
+//! `pld bench run`: real workloads (Spec-Bench's JSONL format) through plain and speculative greedy
+//! decoding in one process, row by row, checking that the outputs are identical and reporting the
+//! speedup per category as a table, JSON, a Markdown report and an SVG chart.
+
+use crate::spec::{SpecArgs, Speculation};
+use clap::Args;
+use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, default_value = crate::generate::DEFAULT_MODEL)]
+    pub model: String,
+    /// Workload file(s) in Spec-Bench's JSONL format (repeatable).
+    #[arg(long, required = true)]
+    pub workload: Vec<PathBuf>,
+    /// Only these categories (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub categories: Vec<String>,
+    /// The first N rows of each category.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// New tokens per turn.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write results.json, report.md and speedup.svg here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Test hook: make the speculative output of the first row differ.
+    #[arg(long, hide = true)]
+    pub corrupt_first_row: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+#[derive(serde::Deserialize)]
+struct Row {
+    question_id: serde_json::Value,
+    category: String,
+    turns: Vec<String>,
+}
+
+/// What one row measured, both ways, over all its turns.
+#[derive(Serialize, Default, Clone)]
+struct RowResult {
+    question_id: serde_json::Value,
+    category: String,
+    new_tokens: usize,
+    plain_decode_s: f64,
+    spec_decode_s: f64,
+    steps: usize,
+    decode_tokens: usize,
+    draft_tokens: usize,
+    accepted_tokens: usize,
+    propose_s: f64,
+    identical: bool,
+}
+
+/// Totals over a set of rows.
+#[derive(Serialize, Default, Clone)]
+struct Summary {
+    rows: usize,
+    new_tokens: usize,
+    plain_tokens_per_s: f64,
+    spec_tokens_per_s: f64,
+    speedup: f64,
+    mean_accepted_tokens: f64,
+    acceptance_rate: f64,
+    propose_us_per_step: f64,
+    mismatches: usize,
+}
+
+fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
+    let mut s = Summary::default();
+    let (mut plain, mut spec, mut steps, mut dec, mut drafts, mut acc, mut prop) =
+        (0.0, 0.0, 0, 0, 0, 0, 0.0);
+    for r in rows {
+        s.rows += 1;
+        s.new_tokens += r.new_tokens;
+        plain += r.plain_decode_s;
+        spec += r.spec_decode_s;
+        steps += r.steps;
+        dec += r.decode_tokens;
+        drafts += r.draft_tokens;
+        acc += r.accepted_tokens;
+        prop += r.propose_s;
+        s.mismatches += usize::from(!r.identical);
+    }
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    // Decode rates count the tokens decode steps produced (the first token of each turn comes
+    // from prefill in both modes).
+    s.plain_tokens_per_s = div(dec as f64, plain);
+    s.spec_tokens_per_s = div(dec as f64, spec);
+    s.speedup = div(plain, spec);
+    s.mean_accepted_tokens = div(dec as f64, steps as f64);
+    s.acceptance_rate = div(acc as f64, drafts as f64);
+    s.propose_us_per_step = div(prop * 1e6, steps as f64);
+    s
+}
+
+fn load_rows(args: &RunArgs) -> anyhow::Result<Vec<Row>> {
+    let mut rows: Vec<Row> = Vec::new();
+    for path in &args.workload {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read workload {}: {e}", path.display()))?;
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let row: Row = serde_json::from_str(line).map_err(|e| {
+                anyhow::anyhow!(
+                    "{} line {}: not a Spec-Bench row: {e}",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+            if row.turns.is_empty() {
+                anyhow::bail!("{} line {}: the row has no turns", path.display(), i + 1);
+            }
+            rows.push(row);
+        }
+    }
+    if !args.categories.is_empty() {
+        for c in &args.categories {
+            if !rows.iter().any(|r| &r.category == c) {
+                anyhow::bail!("no row of category '{c}' in the workloads");
+            }
+        }
+        rows.retain(|r| args.categories.contains(&r.category));
+    }
+    if let Some(limit) = args.limit {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        rows.retain(|r| {
+            let n = seen.entry(r.category.clone()).or_default();
+            *n += 1;
+            *n <= limit
+        });
+    }
+    if rows.is_empty() {
+        anyhow::bail!("the workloads hold no rows to run");
+    }
+    Ok(rows)
+}
+
+fn greedy(max_tokens: usize, spec: &Speculation) -> GenerationConfig {
+    let mut c = GenerationConfig {
+        max_new_tokens: max_tokens,
+        ..Default::default()
+    };
+    spec.apply(&mut c);
+    c
+}
+
+fn run_one(
+    lm: &LoadedModel,
+    messages: &[Message],
+    config: GenerationConfig,
+    corrupt: bool,
+) -> anyhow::Result<GenerationOutput> {
+    let prompt = lm.render_chat(messages)?;
+    let ids = lm.tokenizer.encode_prompt(&prompt)?;
+    let ctx = lm.model.config.context_len;
+    let mut seq = engine::Sequence::new(&lm.model, ids, config, ctx)?;
+    seq.corrupt_for_test = corrupt;
+    while !seq.is_finished() {
+        engine::step(&lm.model, &lm.tokenizer, &mut [&mut seq])?;
+    }
+    Ok(seq.into_output())
+}
+
+fn run_row(
+    lm: &LoadedModel,
+    row: &Row,
+    max_tokens: usize,
+    spec: &Speculation,
+    corrupt: bool,
+) -> anyhow::Result<RowResult> {
+    let plain_spec = Speculation {
+        num_tokens: 0,
+        ..*spec
+    };
+    let mut r = RowResult {
+        question_id: row.question_id.clone(),
+        category: row.category.clone(),
+        identical: true,
+        ..Default::default()
+    };
+    let mut messages = Vec::new();
+    for turn in &row.turns {
+        messages.push(Message::new("user", turn));
+        let plain = run_one(lm, &messages, greedy(max_tokens, &plain_spec), false)?;
+        let fast = run_one(lm, &messages, greedy(max_tokens, spec), corrupt)?;
+        r.identical &= plain.token_ids == fast.token_ids;
+        r.new_tokens += plain.token_ids.len();
+        r.plain_decode_s += plain.decode_time.as_secs_f64();
+        r.spec_decode_s += fast.decode_time.as_secs_f64();
+        r.steps += fast.stats.steps;
+        r.decode_tokens += fast.stats.decode_tokens;
+        r.draft_tokens += fast.stats.draft_tokens;
+        r.accepted_tokens += fast.stats.accepted_tokens;
+        r.propose_s += fast.stats.propose_time.as_secs_f64();
+        messages.push(Message::new("assistant", &plain.text));
+    }
+    Ok(r)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let threads = crate::init_threads(args.threads)?;
+    let spec = args.spec.resolve()?;
+    if spec.num_tokens == 0 {
+        anyhow::bail!(
+            "bench run compares against speculation: --num-speculative-tokens must be > 0"
+        );
+    }
+    let rows = load_rows(&args)?;
+    let lm = crate::load_model(&args.model)?;
+    // Warm-up: touch the weights and the code paths once.
+    run_one(
+        &lm,
+        &[Message::new("user", "Say hello.")],
+        greedy(8, &spec),
+        false,
+    )?;
+
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(rows.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} rows {msg} [{elapsed}<{eta}]",
+        )
+        .expect("valid template"),
+    );
+    let mut results = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        bar.set_message(row.category.clone());
+        let r = run_row(
+            &lm,
+            row,
+            args.max_tokens,
+            &spec,
+            args.corrupt_first_row && i == 0,
+        )?;
+        if !r.identical {
+            bar.suspend(|| {
+                eprintln!(
+                    "MISMATCH: row {} ({}) differs between plain and speculative decoding",
+                    r.question_id, r.category
+                )
+            });
+        }
+        results.push(r);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    let mut categories: BTreeMap<String, Summary> = BTreeMap::new();
+    for name in results.iter().map(|r| r.category.clone()) {
+        categories
+            .entry(name.clone())
+            .or_insert_with(|| summarize(results.iter().filter(|r| r.category == name)));
+    }
+    let overall = summarize(results.iter());
+    let summary = json!({
+        "model": lm.name,
+        "model_path": lm.path,
+        "threads": threads,
+        "max_tokens": args.max_tokens,
+        "speculation": {
+            "method": "ngram",
+            "num_speculative_tokens": spec.num_tokens,
+            "prompt_lookup_max": spec.max_n,
+            "prompt_lookup_min": spec.min_n,
+            "match_policy": spec.policy.to_string(),
+        },
+        "categories": categories,
+        "overall": overall,
+    });
+    let table = render_table(&categories, &overall);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{table}");
+    }
+    if let Some(dir) = &args.out {
+        write_outputs(
+            dir,
+            &summary,
+            &results,
+            &table,
+            &categories,
+            &lm,
+            threads,
+            &args,
+            &spec,
+        )?;
+    }
+    if overall.mismatches > 0 {
+        anyhow::bail!(
+            "{} row(s) differ between plain and speculative decoding",
+            overall.mismatches
+        );
+    }
+    Ok(())
+}
+
+fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> String {
+    let mut t = String::from(
+        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let line = |name: &str, s: &Summary| {
+        format!(
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} |\n",
+            s.rows,
+            s.new_tokens,
+            s.plain_tokens_per_s,
+            s.spec_tokens_per_s,
+            s.speedup,
+            s.mean_accepted_tokens,
+            s.acceptance_rate * 100.0,
+            s.propose_us_per_step
+        )
+    };
+    for (name, s) in categories {
+        t.push_str(&line(name, s));
+    }
+    t.push_str(&line("**overall**", overall));
+    t
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_outputs(
+    dir: &Path,
+    summary: &serde_json::Value,
+    results: &[RowResult],
+    table: &str,
+    categories: &BTreeMap<String, Summary>,
+    lm: &LoadedModel,
+    threads: usize,
+    args: &RunArgs,
+    spec: &Speculation,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let all = json!({ "summary": summary, "rows": results });
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&all)?,
+    )?;
+    let machine = machine_description();
+    let workloads: Vec<String> = args
+        .workload
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let report = format!(
+        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {threads}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
+        utc_date(),
+        lm.name,
+        lm.path.display(),
+        workloads.join(", "),
+        args.limit.map(|l| format!("first {l}")).unwrap_or_else(|| "all".into()),
+        args.max_tokens,
+        spec.num_tokens,
+        spec.min_n,
+        spec.max_n,
+        spec.policy,
+    );
+    std::fs::write(dir.join("report.md"), report)?;
+    draw_chart(&dir.join("speedup.svg"), categories, &lm.name)?;
+    Ok(())
+}
+
+fn utc_date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn machine_description() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    format!("{cpu}, {cores} cores, kernels {:?}", engine::kernels::isa())
+}
+
+/// A bar per category with the 1.0 line marked.
+fn draw_chart(
+    path: &Path,
+    categories: &BTreeMap<String, Summary>,
+    model: &str,
+) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    register_font()?;
+    let names: Vec<&String> = categories.keys().collect();
+    let values: Vec<f64> = categories.values().map(|s| s.speedup).collect();
+    let top = values.iter().copied().fold(1.0f64, f64::max) * 1.15;
+    let root =
+        SVGBackend::new(path, ((100 + 90 * names.len() as u32).max(640), 480)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing the chart: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("pld speedup over plain decoding ({model})"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(70)
+        .y_label_area_size(50)
+        .build_cartesian_2d((0..names.len()).into_segmented(), 0f64..top)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len())
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => names.get(*i).map(|s| s.to_string()).unwrap_or_default(),
+            _ => String::new(),
+        })
+        .y_desc("speedup (x)")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .style(RGBColor(66, 110, 180).filled())
+                .margin(12)
+                .data(values.iter().enumerate().map(|(i, v)| (i, *v))),
+        )
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            [(SegmentValue::Exact(0), 1.0), (SegmentValue::Last, 1.0)],
+            RED.stroke_width(2),
+        ))
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// plotters lays text out with a real font: use the system's DejaVu Sans (or Liberation Sans).
+fn register_font() -> anyhow::Result<()> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let candidates = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        ];
+        let bytes = candidates
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .ok_or_else(|| {
+                format!(
+                    "no font found for the chart (looked at {})",
+                    candidates.join(", ")
+                )
+            })?;
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+            .map_err(|_| "the chart font is not a valid TrueType file".to_string())
+    })
+    .clone()
+    .map_err(|e| anyhow::anyhow!(e))
+}
