@@ -45,10 +45,7 @@ pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
     if n == 0 {
         anyhow::bail!("--threads must be at least 1");
     }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .map_err(|e| anyhow::anyhow!("cannot start {n} threads: {e}"))?;
+    engine::kernels::pool::init(n);
     Ok(n)
 }
 

@@ -62,6 +62,14 @@ struct RowResult {
     accepted_tokens: usize,
     propose_s: f64,
     identical: bool,
+    /// Per turn: the prompt and the (plain, greedy) output token ids, for offline drafting studies.
+    turns: Vec<TurnTokens>,
+}
+
+#[derive(Serialize, serde::Deserialize, Default, Clone)]
+pub struct TurnTokens {
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
 }
 
 /// Totals over a set of rows.
@@ -208,6 +216,10 @@ fn run_row(
         r.draft_tokens += fast.stats.draft_tokens;
         r.accepted_tokens += fast.stats.accepted_tokens;
         r.propose_s += fast.stats.propose_time.as_secs_f64();
+        r.turns.push(TurnTokens {
+            prompt_ids: plain.prompt_token_ids.clone(),
+            output_ids: plain.token_ids.clone(),
+        });
         messages.push(Message::new("assistant", &plain.text));
     }
     Ok(r)

@@ -1,8 +1,7 @@
-//! Throughput of the quantized matmul on a matrix larger than the caches, next to a plain
-//! streaming read of the same bytes, at m = 1 and 8 rows (developer tool).
+//! Throughput of the quantized matmul on a matrix larger than the caches, at m = 1 and 8 rows
+//! (developer tool): `cargo run --release --example kbench -- THREADS`.
 use candle_core::quantized::GgmlDType;
 use engine::kernels::*;
-use rayon::prelude::*;
 use std::time::Instant;
 fn main() {
     let threads: usize = std::env::args()
@@ -26,22 +25,7 @@ fn main() {
     ] {
         let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
         let bytes = mat.bytes.as_slice().len();
-        // streaming read of the same bytes, same threads
-        let data = mat.bytes.as_slice();
-        let t = Instant::now();
         let reps = 5;
-        let mut sink = 0u64;
-        for _ in 0..reps {
-            sink += data
-                .par_chunks(1 << 16)
-                .map(|c| {
-                    c.chunks_exact(8)
-                        .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
-                        .fold(0u64, |a, b| a ^ b)
-                })
-                .reduce(|| 0, |a, b| a ^ b);
-        }
-        let stream = bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9;
         for m in [1usize, 8] {
             let x = vec![0.3f32; m * cols];
             let mut out = vec![0f32; m * rows];
@@ -50,7 +34,12 @@ fn main() {
                 matmul(&x, m, &mat, &mut out);
             }
             let s = t.elapsed().as_secs_f64() / reps as f64;
-            println!("{dtype:?} {}MB m={m} {threads}t: {:.2} ms, {:.1} GB/s (stream read {:.1} GB/s) {sink}", bytes >> 20, s * 1e3, bytes as f64 / s / 1e9, stream);
+            println!(
+                "{dtype:?} {}MB m={m} {threads}t: {:.2} ms, {:.1} GB/s",
+                bytes >> 20,
+                s * 1e3,
+                bytes as f64 / s / 1e9
+            );
         }
     }
 }

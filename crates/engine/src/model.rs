@@ -11,7 +11,6 @@ use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, QMatrix};
 use crate::kv_cache::KvCache;
-use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,13 +250,10 @@ impl Model {
         }
         let mut x = vec![0f32; n * d];
         {
-            let tokens: Vec<u32> = batch
-                .iter()
-                .flat_map(|b| b.tokens.iter().copied())
-                .collect();
-            x.par_chunks_mut(d)
-                .zip(tokens.par_iter())
-                .for_each(|(row, &t)| self.token_embd.dequantize_row(t as usize, row));
+            let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+            for (row, t) in x.chunks_mut(d).zip(tokens) {
+                self.token_embd.dequantize_row(t as usize, row);
+            }
         }
         let rope = RopeTable::new(c, &row_pos);
         let mut h = vec![0f32; n * d];
@@ -329,9 +325,9 @@ impl Model {
                     .enumerate()
                     .for_each(|job| attend(&mut scores, job));
             } else {
-                att.par_chunks_mut(group * hd)
-                    .enumerate()
-                    .for_each_init(Vec::new, attend);
+                kernels::par_chunks_mut(&mut att, group * hd, &|job, out| {
+                    attend(&mut Vec::new(), (job, out));
+                });
             }
             kernels::matmul(&att, n, &a.wo, &mut proj);
             add_rows(&mut x, &proj);

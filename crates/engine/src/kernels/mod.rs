@@ -15,9 +15,9 @@
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::GgmlDType;
 use half::f16;
-use rayon::prelude::*;
 use std::sync::{Arc, OnceLock};
 
+pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -217,6 +217,19 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// Calls `f(i, chunk_i)` for the consecutive `chunk`-long pieces of `data` on the pool's threads.
+pub fn par_chunks_mut(data: &mut [f32], chunk: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    assert!(chunk > 0 && data.len() % chunk == 0);
+    let ptr = OutPtr(data.as_mut_ptr());
+    pool::global().run(data.len() / chunk, &|i| {
+        let ptr = ptr;
+        // SAFETY: piece i covers [i * chunk, (i + 1) * chunk), inside `data` and disjoint from
+        // every other piece; `data` stays borrowed until `run` has joined.
+        let piece = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * chunk), chunk) };
+        f(i, piece);
+    });
+}
+
 /// Which implementation of the quantized dot products runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -324,7 +337,8 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         }
         let acts = &*acts;
         // Work items: runs of weight rows of one matrix.
-        let threads = rayon::current_num_threads().max(1);
+        let pool = pool::global();
+        let threads = pool.threads();
         let total: usize = own.iter().map(|(_, w, _)| w.rows).sum();
         let chunk = total.div_ceil(threads * 4).clamp(8, 512);
         let mut work = Vec::new();
@@ -360,11 +374,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                 }
             }
         };
-        if threads == 1 || work.len() == 1 {
-            work.iter().for_each(run);
-        } else {
-            work.par_iter().for_each(run);
-        }
+        pool.run(work.len(), &|i| run(&work[i]));
     });
 }
 
@@ -413,12 +423,10 @@ fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) 
     }
     let wb = blocks::<T>(w.bytes.as_slice());
     let out_ptr = OutPtr(out.as_mut_ptr());
-    // Enough chunks to balance the threads, each a run of weight rows that stays in cache while
-    // it is applied to every activation row.
-    let threads = rayon::current_num_threads().max(1);
-    let chunk = n.div_ceil(threads * 8).clamp(16, 1024);
+    let pool = pool::global();
+    let chunk = n.div_ceil(pool.threads() * 8).clamp(16, 1024);
     let xq = &xq;
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
+    pool.run(n.div_ceil(chunk), &move |c| {
         let out_ptr = out_ptr;
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(n);

@@ -59,6 +59,15 @@ unsafe fn udot<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
     }
 }
 
+/// How far ahead of the weights being decoded to prefetch: the hardware prefetcher alone leaves
+/// the loop waiting on memory.
+const PREFETCH_BYTES: usize = 1024;
+
+#[inline(always)]
+unsafe fn prefetch(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+}
+
 #[inline(always)]
 unsafe fn load(p: *const i8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
@@ -85,6 +94,7 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     for b in 0..nb {
         let blk = wrow.get_unchecked(b * bytes..(b + 1) * bytes);
         let p = blk.as_ptr();
+        prefetch(p);
         let d = f16_fast(blk, 0);
         // Unsigned weights `u` (or |w| for Q8_0) and the offset per unit of activation sum.
         let (u, signs, offset) = match F {
@@ -129,6 +139,9 @@ unsafe fn tile_q4k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
     let low = _mm256_set1_epi8(0x0F);
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
+        prefetch(sb.as_ptr());
+        prefetch(sb.as_ptr().add(64));
+        prefetch(sb.as_ptr().add(128));
         let (d, dmin) = (f16_fast(sb, 0), f16_fast(sb, 2));
         let (sc, m) = q4k_scales_mins(&sb[4..16]);
         let mut isum = [_mm256_setzero_si256(); MR];
@@ -187,6 +200,10 @@ unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
     let three = _mm256_set1_epi8(3);
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
+        prefetch(sb.as_ptr());
+        prefetch(sb.as_ptr().add(64));
+        prefetch(sb.as_ptr().add(128));
+        prefetch(sb.as_ptr().add(192));
         let p = sb.as_ptr();
         let d = f16_fast(sb, 208);
         let sc = |i: usize| sb[192 + i] as i8 as i16;
@@ -280,6 +297,10 @@ pub unsafe fn dot_rows_avx2<const F: u8>(
         tile::<F, 4, false>(wrow, acts, r0 + r, &mut out[r..r + 4]);
         r += 4;
     }
+    if r + 2 <= out.len() {
+        tile::<F, 2, false>(wrow, acts, r0 + r, &mut out[r..r + 2]);
+        r += 2;
+    }
     while r < out.len() {
         tile::<F, 1, false>(wrow, acts, r0 + r, &mut out[r..r + 1]);
         r += 1;
@@ -300,9 +321,13 @@ pub unsafe fn dot_rows_vnni<const F: u8>(
         tile::<F, 8, true>(wrow, acts, r0 + r, &mut out[r..r + 8]);
         r += 8;
     }
-    while r + 4 <= out.len() {
+    if r + 4 <= out.len() {
         tile::<F, 4, true>(wrow, acts, r0 + r, &mut out[r..r + 4]);
         r += 4;
+    }
+    if r + 2 <= out.len() {
+        tile::<F, 2, true>(wrow, acts, r0 + r, &mut out[r..r + 2]);
+        r += 2;
     }
     while r < out.len() {
         tile::<F, 1, true>(wrow, acts, r0 + r, &mut out[r..r + 1]);
