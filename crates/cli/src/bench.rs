@@ -11,6 +11,8 @@ pub enum BenchCommand {
     Forward(ForwardArgs),
     /// Run workloads through plain and speculative decoding and report the speedup per category.
     Run(crate::workload::RunArgs),
+    /// Replay recorded outputs through the drafter to compare drafting settings offline.
+    Drafting(crate::drafting_study::DraftingArgs),
 }
 
 #[derive(Args, Debug)]
@@ -33,6 +35,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Forward(a) => forward(a),
         BenchCommand::Run(a) => crate::workload::run(a),
+        BenchCommand::Drafting(a) => crate::drafting_study::run(a),
     }
 }
 

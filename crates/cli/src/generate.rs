@@ -126,6 +126,7 @@ pub fn output_json(out: &GenerationOutput, spec: &Speculation) -> serde_json::Va
             "prompt_lookup_max": spec.max_n,
             "prompt_lookup_min": spec.min_n,
             "match_policy": spec.policy.to_string(),
+            "adaptive": spec.adaptive,
             "steps": out.stats.steps,
             "draft_tokens": out.stats.draft_tokens,
             "accepted_tokens": out.stats.accepted_tokens,

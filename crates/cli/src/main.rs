@@ -1,6 +1,7 @@
 //! `pld`: the command line of the pld inference engine (fetch, generate, bench).
 
 mod bench;
+mod drafting_study;
 mod generate;
 mod spec;
 mod workload;

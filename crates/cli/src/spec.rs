@@ -24,6 +24,9 @@ pub struct SpecArgs {
     /// Which earlier occurrence to copy from: recent, earliest or longest.
     #[arg(long, value_name = "POLICY")]
     pub match_policy: Option<MatchPolicy>,
+    /// Always send all K proposed tokens, instead of as many as are expected to pay off.
+    #[arg(long)]
+    pub fixed_draft: bool,
     /// vLLM-style JSON, e.g. '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3,"prompt_lookup_min":1}'.
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
@@ -45,6 +48,7 @@ pub struct Speculation {
     pub max_n: usize,
     pub min_n: usize,
     pub policy: MatchPolicy,
+    pub adaptive: bool,
 }
 
 impl SpecArgs {
@@ -54,6 +58,7 @@ impl SpecArgs {
             max_n: DEFAULT_PROMPT_LOOKUP_MAX,
             min_n: DEFAULT_PROMPT_LOOKUP_MIN,
             policy: MatchPolicy::default(),
+            adaptive: !self.fixed_draft,
         };
         if let Some(json) = &self.speculative_config {
             let c: SpeculativeConfig = serde_json::from_str(json)
@@ -90,5 +95,6 @@ impl Speculation {
         config.max_matching_ngram_size = self.max_n;
         config.prompt_lookup_min = self.min_n;
         config.match_policy = self.policy;
+        config.adaptive_draft = self.adaptive;
     }
 }

@@ -271,7 +271,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 )
             });
         }
+        if bar.is_hidden() {
+            // No terminal for the bar: a line per row keeps long runs observable.
+            eprintln!(
+                "[{}/{}] {} {}: {} tokens, plain {:.1}s, speculative {:.1}s",
+                i + 1,
+                rows.len(),
+                r.category,
+                r.question_id,
+                r.new_tokens,
+                r.plain_decode_s,
+                r.spec_decode_s
+            );
+        }
         results.push(r);
+        if let Some(dir) = &args.out {
+            // Partial results survive an interrupted run.
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(
+                dir.join("results.partial.json"),
+                serde_json::to_string(&json!({ "rows": results }))?,
+            )?;
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -294,6 +315,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "prompt_lookup_max": spec.max_n,
             "prompt_lookup_min": spec.min_n,
             "match_policy": spec.policy.to_string(),
+            "adaptive": spec.adaptive,
         },
         "categories": categories,
         "overall": overall,
@@ -376,7 +398,7 @@ fn write_outputs(
         .map(|p| p.display().to_string())
         .collect();
     let report = format!(
-        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {threads}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
+        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {threads}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
         utc_date(),
         lm.name,
         lm.path.display(),
@@ -387,6 +409,7 @@ fn write_outputs(
         spec.min_n,
         spec.max_n,
         spec.policy,
+        spec.adaptive,
     );
     std::fs::write(dir.join("report.md"), report)?;
     draw_chart(&dir.join("speedup.svg"), categories, &lm.name)?;

@@ -34,10 +34,12 @@
 mod config;
 mod hash;
 mod index;
+mod length;
 mod scan;
 
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
 pub use index::NgramIndex;
+pub use length::DraftLength;
 pub use scan::propose_by_scan;
 
 /// Where a proposal came from.

@@ -9,7 +9,7 @@ use crate::model::{BatchItem, Model};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{TextStream, Tokenizer};
 use crate::verify::verify;
-use drafting::{MatchPolicy, NgramConfig, NgramIndex};
+use drafting::{DraftLength, MatchPolicy, NgramConfig, NgramIndex};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 /// Prompt tokens fed per forward pass during prefill.
 pub const PREFILL_CHUNK: usize = 256;
+
+/// Prior guess of the extra cost of each drafted token in a pass, relative to a one-token pass
+/// (refined from measured pass times as the sequence decodes).
+pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.3;
 
 /// Default number of drafted tokens per step (see the README's Benchmarks section).
 pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
@@ -42,6 +46,9 @@ pub struct GenerationConfig {
     pub match_policy: MatchPolicy,
     /// Strings that end generation; they are not part of the output text.
     pub stop: Vec<String>,
+    /// Send only as many drafted tokens as are expected to pay for their verification (estimated
+    /// from the acceptance so far and the measured pass cost); false sends every proposed token.
+    pub adaptive_draft: bool,
 }
 
 impl Default for GenerationConfig {
@@ -55,6 +62,7 @@ impl Default for GenerationConfig {
             prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
             match_policy: MatchPolicy::default(),
             stop: Vec::new(),
+            adaptive_draft: true,
         }
     }
 }
@@ -147,6 +155,9 @@ pub struct Sequence {
     prompt_len: usize,
     cache: KvCache,
     index: Option<NgramIndex>,
+    draft_length: DraftLength,
+    /// Size of the n-gram match behind the current step's draft.
+    draft_match: usize,
     config: GenerationConfig,
     rng: ChaCha8Rng,
     phase: Phase,
@@ -204,6 +215,8 @@ impl Sequence {
             tokens: prompt,
             cache: model.new_cache(capacity),
             index,
+            draft_length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
+            draft_match: 0,
             config,
             rng,
             phase: Phase::Prefill(0),
@@ -349,7 +362,12 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     if k > 0 {
                         let t0 = Instant::now();
                         let mut draft = Vec::with_capacity(k);
-                        index.propose(k, &mut draft);
+                        if let Some(m) = index.propose(k, &mut draft) {
+                            seq.draft_match = m.n;
+                            if seq.config.adaptive_draft {
+                                draft.truncate(seq.draft_length.choose(m.n, draft.len()));
+                            }
+                        }
                         seq.stats.propose_time += t0.elapsed();
                         input.extend_from_slice(&draft);
                     }
@@ -426,6 +444,18 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 seq.stats.steps += 1;
                 seq.stats.draft_tokens += drafts;
                 seq.stats.accepted_tokens += verdict.accepted;
+                if drafts > 0 {
+                    seq.draft_length
+                        .observe(seq.draft_match, drafts, verdict.accepted);
+                } else {
+                    seq.draft_length.idle();
+                }
+                // Timings vary from run to run: they may steer draft lengths only where the output
+                // cannot depend on them (greedy), so seeded sampling stays reproducible.
+                if seq.config.sampling.is_greedy() {
+                    seq.draft_length
+                        .observe_cost(toks.len(), elapsed.as_secs_f64());
+                }
                 for &t in &verdict.tokens {
                     seq.stats.decode_tokens += 1;
                     if !seq.emit(tok, t) {

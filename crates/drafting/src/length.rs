@@ -1,0 +1,161 @@
+//! How many of the proposed tokens to send to verification.
+//!
+//! Verifying a draft is not free: a forward pass over `t` tokens costs `1 + alpha * (t - 1)` times a
+//! pass over one (alpha is small on a GPU and large on a CPU). With per-token acceptance
+//! probability `a`, a draft of `k` tokens yields `(1 - a^(k+1)) / (1 - a)` tokens in expectation, so
+//! the best `k` maximizes that over the pass cost, and is 0 when no draft pays for itself. Free-form
+//! chat, where drafts are rarely right, then decodes at plain speed instead of slower.
+//!
+//! `DraftLength` estimates `a` separately for each matched n-gram size (a long match predicts
+//! better than a single repeated token) from decayed counts of accepted and rejected tokens, and
+//! `alpha` from the measured cost of passes. Estimates decay towards their priors while unused, so a
+//! sequence whose drafting was switched off tries again later.
+
+use crate::MAX_NGRAM;
+
+/// Decay of the acceptance counts per observation (an effective memory of about 20 drafts).
+const DECAY: f64 = 0.95;
+/// Prior pseudo-counts of accepted and rejected tokens: a prior acceptance of one half.
+const PRIOR_ACCEPT: f64 = 1.0;
+const PRIOR_REJECT: f64 = 1.0;
+
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    accepted: [f64; MAX_NGRAM + 1],
+    rejected: [f64; MAX_NGRAM + 1],
+    /// Extra cost of each token beyond the first in a pass, relative to a one-token pass.
+    alpha: f64,
+    one_token_cost: Option<f64>,
+}
+
+impl DraftLength {
+    /// A controller with a prior guess of the per-token pass cost `alpha`.
+    pub fn new(alpha: f64) -> Self {
+        DraftLength {
+            accepted: [0.0; MAX_NGRAM + 1],
+            rejected: [0.0; MAX_NGRAM + 1],
+            alpha: alpha.max(0.0),
+            one_token_cost: None,
+        }
+    }
+
+    /// Estimated probability that a drafted token from an n-gram match of size `n` is accepted.
+    pub fn acceptance(&self, n: usize) -> f64 {
+        let n = n.min(MAX_NGRAM);
+        (self.accepted[n] + PRIOR_ACCEPT)
+            / (self.accepted[n] + self.rejected[n] + PRIOR_ACCEPT + PRIOR_REJECT)
+    }
+
+    pub fn alpha(&self) -> f64 {
+        self.alpha
+    }
+
+    /// The number of drafted tokens (at most `available`) that maximizes expected tokens per unit
+    /// of pass cost, for a match of size `n`.
+    pub fn choose(&self, n: usize, available: usize) -> usize {
+        let a = self.acceptance(n).min(0.999);
+        let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
+        let mut power = a; // a^(k)
+        let mut expected = 1.0; // sum_{i<=k} a^i
+        for k in 1..=available {
+            expected += power;
+            power *= a;
+            let rate = expected / (1.0 + self.alpha * k as f64);
+            if rate > best.0 {
+                best = (rate, k);
+            }
+        }
+        best.1
+    }
+
+    /// Records a verified draft: `drafted` tokens from a match of size `n`, of which the first
+    /// `accepted` were kept.
+    pub fn observe(&mut self, n: usize, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let n = n.min(MAX_NGRAM);
+        for i in 0..=MAX_NGRAM {
+            self.accepted[i] *= DECAY;
+            self.rejected[i] *= DECAY;
+        }
+        self.accepted[n] += accepted as f64;
+        self.rejected[n] += f64::from(u8::from(accepted < drafted));
+    }
+
+    /// Lets estimates drift back to their priors during a step without a draft.
+    pub fn idle(&mut self) {
+        for i in 0..=MAX_NGRAM {
+            self.accepted[i] *= DECAY;
+            self.rejected[i] *= DECAY;
+        }
+    }
+
+    /// Records how long a pass over `tokens` tokens took, refining `alpha`.
+    pub fn observe_cost(&mut self, tokens: usize, seconds: f64) {
+        if tokens == 1 {
+            self.one_token_cost = Some(match self.one_token_cost {
+                Some(c) => 0.8 * c + 0.2 * seconds,
+                None => seconds,
+            });
+        } else if let Some(one) = self.one_token_cost {
+            let per_token = ((seconds / one) - 1.0) / (tokens - 1) as f64;
+            if per_token.is_finite() {
+                self.alpha = 0.8 * self.alpha + 0.2 * per_token.clamp(0.0, 2.0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn good_matches_get_long_drafts_bad_ones_none() {
+        let mut c = DraftLength::new(0.3);
+        for _ in 0..40 {
+            c.observe(3, 8, 8);
+            c.observe(1, 4, 0);
+        }
+        assert!(c.acceptance(3) > 0.9);
+        assert!(c.acceptance(1) < 0.1);
+        assert_eq!(c.choose(3, 8), 8);
+        assert_eq!(c.choose(1, 8), 0);
+    }
+
+    #[test]
+    fn cheap_passes_allow_longer_drafts() {
+        let c = DraftLength::new(0.02);
+        let costly = DraftLength::new(0.8);
+        assert!(c.choose(2, 16) > costly.choose(2, 16));
+        assert_eq!(
+            costly.choose(2, 16),
+            0,
+            "a half-right draft does not pay at 0.8 per token"
+        );
+    }
+
+    #[test]
+    fn estimates_recover_while_idle() {
+        let mut c = DraftLength::new(0.2);
+        for _ in 0..40 {
+            c.observe(2, 4, 0);
+        }
+        assert_eq!(c.choose(2, 4), 0);
+        for _ in 0..200 {
+            c.idle();
+        }
+        assert!(c.choose(2, 4) > 0, "after a while it tries again");
+    }
+
+    #[test]
+    fn cost_is_learned_from_timings() {
+        let mut c = DraftLength::new(1.0);
+        for _ in 0..50 {
+            c.observe_cost(1, 0.010);
+            c.observe_cost(9, 0.014);
+        }
+        assert!((c.alpha() - 0.05).abs() < 0.01, "{}", c.alpha());
+    }
+}
