@@ -13,6 +13,8 @@ pub enum BenchCommand {
     Run(crate::workload::RunArgs),
     /// Replay recorded outputs through the drafter to compare drafting settings offline.
     Drafting(crate::drafting_study::DraftingArgs),
+    /// Load-test the HTTP server with and without speculation at several concurrency levels.
+    Serve(crate::load::LoadArgs),
 }
 
 #[derive(Args, Debug)]
@@ -36,6 +38,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Forward(a) => forward(a),
         BenchCommand::Run(a) => crate::workload::run(a),
         BenchCommand::Drafting(a) => crate::drafting_study::run(a),
+        BenchCommand::Serve(a) => crate::load::run(a),
     }
 }
 

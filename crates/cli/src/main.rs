@@ -1,8 +1,10 @@
-//! `pld`: the command line of the pld inference engine (fetch, generate, bench).
+//! `pld`: the command line of the pld inference engine (fetch, generate, serve, bench).
 
 mod bench;
 mod drafting_study;
 mod generate;
+mod load;
+mod serve;
 mod spec;
 mod workload;
 
@@ -29,6 +31,8 @@ enum Command {
     },
     /// Generate text from a prompt.
     Generate(generate::GenerateArgs),
+    /// Serve an OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::ServeArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -67,6 +71,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench { which } => bench::run(which),
     }
 }

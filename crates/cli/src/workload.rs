@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Do not run: render the report from rows recorded by an earlier run (its results.json or
+    /// results.partial.json), with this command's other settings.
+    #[arg(long, value_name = "FILE")]
+    pub from_results: Option<PathBuf>,
     /// Test hook: make the speculative output of the first row differ.
     #[arg(long, hide = true)]
     pub corrupt_first_row: bool,
@@ -49,7 +53,7 @@ struct Row {
 }
 
 /// What one row measured, both ways, over all its turns.
-#[derive(Serialize, Default, Clone)]
+#[derive(Serialize, serde::Deserialize, Default, Clone)]
 struct RowResult {
     question_id: serde_json::Value,
     category: String,
@@ -233,70 +237,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "bench run compares against speculation: --num-speculative-tokens must be > 0"
         );
     }
-    let rows = load_rows(&args)?;
     let lm = crate::load_model(&args.model)?;
-    // Warm-up: touch the weights and the code paths once.
-    run_one(
-        &lm,
-        &[Message::new("user", "Say hello.")],
-        greedy(8, &spec),
-        false,
-    )?;
-
-    let bar = indicatif::ProgressBar::with_draw_target(
-        Some(rows.len() as u64),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} rows {msg} [{elapsed}<{eta}]",
-        )
-        .expect("valid template"),
-    );
-    let mut results = Vec::new();
-    for (i, row) in rows.iter().enumerate() {
-        bar.set_message(row.category.clone());
-        let r = run_row(
-            &lm,
-            row,
-            args.max_tokens,
-            &spec,
-            args.corrupt_first_row && i == 0,
-        )?;
-        if !r.identical {
-            bar.suspend(|| {
-                eprintln!(
-                    "MISMATCH: row {} ({}) differs between plain and speculative decoding",
-                    r.question_id, r.category
-                )
-            });
-        }
-        if bar.is_hidden() {
-            // No terminal for the bar: a line per row keeps long runs observable.
-            eprintln!(
-                "[{}/{}] {} {}: {} tokens, plain {:.1}s, speculative {:.1}s",
-                i + 1,
-                rows.len(),
-                r.category,
-                r.question_id,
-                r.new_tokens,
-                r.plain_decode_s,
-                r.spec_decode_s
-            );
-        }
-        results.push(r);
-        if let Some(dir) = &args.out {
-            // Partial results survive an interrupted run.
-            std::fs::create_dir_all(dir)?;
-            std::fs::write(
-                dir.join("results.partial.json"),
-                serde_json::to_string(&json!({ "rows": results }))?,
-            )?;
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-
+    let results = match &args.from_results {
+        Some(path) => recorded_rows(path)?,
+        None => run_rows(&lm, &args, &spec)?,
+    };
     let mut categories: BTreeMap<String, Summary> = BTreeMap::new();
     for name in results.iter().map(|r| r.category.clone()) {
         categories
@@ -346,6 +291,91 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+fn recorded_rows(path: &Path) -> anyhow::Result<Vec<RowResult>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", path.display()))?;
+    let rows = v.get("rows").cloned().unwrap_or(serde_json::Value::Null);
+    let rows: Vec<RowResult> = serde_json::from_value(rows)
+        .map_err(|e| anyhow::anyhow!("{} holds no recorded rows: {e}", path.display()))?;
+    if rows.is_empty() {
+        anyhow::bail!("{} holds no recorded rows", path.display());
+    }
+    Ok(rows)
+}
+
+fn run_rows(
+    lm: &LoadedModel,
+    args: &RunArgs,
+    spec: &Speculation,
+) -> anyhow::Result<Vec<RowResult>> {
+    let rows = load_rows(args)?;
+    // Warm-up: touch the weights and the code paths once.
+    run_one(
+        lm,
+        &[Message::new("user", "Say hello.")],
+        greedy(8, spec),
+        false,
+    )?;
+
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(rows.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} rows {msg} [{elapsed}<{eta}]",
+        )
+        .expect("valid template"),
+    );
+    let mut results = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        bar.set_message(row.category.clone());
+        let r = run_row(
+            lm,
+            row,
+            args.max_tokens,
+            spec,
+            args.corrupt_first_row && i == 0,
+        )?;
+        if !r.identical {
+            bar.suspend(|| {
+                eprintln!(
+                    "MISMATCH: row {} ({}) differs between plain and speculative decoding",
+                    r.question_id, r.category
+                )
+            });
+        }
+        if bar.is_hidden() {
+            // No terminal for the bar: a line per row keeps long runs observable.
+            eprintln!(
+                "[{}/{}] {} {}: {} tokens, plain {:.1}s, speculative {:.1}s",
+                i + 1,
+                rows.len(),
+                r.category,
+                r.question_id,
+                r.new_tokens,
+                r.plain_decode_s,
+                r.spec_decode_s
+            );
+        }
+        results.push(r);
+        if let Some(dir) = &args.out {
+            // Partial results survive an interrupted run.
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(
+                dir.join("results.partial.json"),
+                serde_json::to_string(&json!({ "rows": results }))?,
+            )?;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    Ok(results)
 }
 
 fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> String {

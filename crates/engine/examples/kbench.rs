@@ -8,10 +8,7 @@ fn main() {
         .nth(1)
         .map(|s| s.parse().unwrap())
         .unwrap_or(2);
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
-        .unwrap();
+    pool::init(threads);
     let (rows, cols) = (8960 * 8, 1536);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)

@@ -23,8 +23,8 @@ pub const PREFILL_CHUNK: usize = 256;
 pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.3;
 
 /// Default number of drafted tokens per step (see the README's Benchmarks section).
-pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
-pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 3;
+pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 3;
+pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
 
 /// Settings of one generation, named as in Hugging Face's `GenerationConfig` where it has them.
@@ -158,6 +158,8 @@ pub struct Sequence {
     draft_length: DraftLength,
     /// Size of the n-gram match behind the current step's draft.
     draft_match: usize,
+    /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
+    draft_limit: usize,
     config: GenerationConfig,
     rng: ChaCha8Rng,
     phase: Phase,
@@ -217,6 +219,7 @@ impl Sequence {
             index,
             draft_length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
             draft_match: 0,
+            draft_limit: usize::MAX,
             config,
             rng,
             phase: Phase::Prefill(0),
@@ -246,6 +249,11 @@ impl Sequence {
         if !self.is_finished() {
             self.phase = Phase::Finished(FinishReason::Stop);
         }
+    }
+
+    /// Caps the drafted tokens per step below the configured K (a scheduler's load control).
+    pub fn set_draft_limit(&mut self, limit: usize) {
+        self.draft_limit = limit;
     }
 
     pub fn prompt_tokens(&self) -> &[u32] {
@@ -358,7 +366,12 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     // tokens may still be emitted (the model's own token is one of them).
                     let room = seq.cache.capacity() - seq.cache.len() - 1;
                     let left = seq.config.max_new_tokens - generated - 1;
-                    let k = seq.config.prompt_lookup_num_tokens.min(room).min(left);
+                    let k = seq
+                        .config
+                        .prompt_lookup_num_tokens
+                        .min(seq.draft_limit)
+                        .min(room)
+                        .min(left);
                     if k > 0 {
                         let t0 = Instant::now();
                         let mut draft = Vec::with_capacity(k);

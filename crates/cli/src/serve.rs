@@ -1,0 +1,74 @@
+//! `pld serve`: the OpenAI-compatible server.
+
+use crate::spec::SpecArgs;
+use clap::Args;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[arg(long, default_value = crate::generate::DEFAULT_MODEL)]
+    pub model: String,
+    /// Address to bind (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on the API routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 8)]
+    pub max_num_seqs: usize,
+    /// Requests that may wait for a batch slot before new ones get 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Context length per sequence (default: the model's).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Largest accepted request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// The model name clients send (default: the --model argument).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    crate::init_threads(a.threads)?;
+    let spec = a.spec.resolve()?;
+    let lm = Arc::new(crate::load_model(&a.model)?);
+    let ctx = a
+        .max_model_len
+        .unwrap_or(lm.model.config.context_len)
+        .min(lm.model.config.context_len);
+    let addr: std::net::SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bad --host/--port '{}:{}': {e}", a.host, a.port))?;
+    let config = server::ServerConfig {
+        model_name: a
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| a.model.clone()),
+        api_key: a.api_key.clone(),
+        max_num_seqs: a.max_num_seqs.max(1),
+        max_queue: a.max_queue.max(1),
+        max_model_len: ctx,
+        max_body_bytes: a.max_body_bytes,
+        spec: server::SpecDefaults {
+            num_tokens: spec.num_tokens,
+            max_n: spec.max_n,
+            min_n: spec.min_n,
+            policy: spec.policy,
+            adaptive: spec.adaptive,
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(server::serve(lm, config, addr))
+}

@@ -1,0 +1,639 @@
+//! The HTTP API in OpenAI's shapes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`
+//! (streamed as Server-Sent Events when asked), `/health` and `/metrics`. Every error is an
+//! OpenAI-shaped body `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+use crate::scheduler::{Event, Job, SubmitError};
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use engine::{FinishReason, GenerationConfig, Message, SamplingParams};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .route("/health", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// An OpenAI-shaped error.
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+async fn authorize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            state.metrics.count_status(401);
+            return ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: "missing or wrong API key (send 'Authorization: Bearer KEY')".into(),
+                kind: "authentication_error",
+                param: None,
+                code: Some("invalid_api_key"),
+            }
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "pld",
+            "max_model_len": state.config.max_model_len,
+        }],
+    }))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn request_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!(
+        "{prefix}-{}-{}",
+        unix_now(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Message content: a string or a list of text parts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+struct SpeculativeConfig {
+    method: Option<String>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields shared by chat and text completions.
+#[derive(Deserialize)]
+struct Common {
+    model: String,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+    n: Option<usize>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+    speculative_config: Option<SpeculativeConfig>,
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    prompt: Value,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// Parses a JSON body, turning every way it can be wrong into a 400 (or 413).
+fn parse<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| ApiError {
+        status: e.status(),
+        message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "request body is too large".into()
+        } else {
+            format!("cannot read the request body: {e}")
+        },
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    })?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+}
+
+impl Common {
+    /// Checks the fields and builds the generation settings (the prompt length is known).
+    fn config(&self, state: &AppState, prompt_len: usize) -> Result<GenerationConfig, ApiError> {
+        if self.model != state.config.model_name && self.model != state.lm.name {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("The model `{}` does not exist.", self.model),
+                kind: "invalid_request_error",
+                param: Some("model"),
+                code: Some("model_not_found"),
+            });
+        }
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
+            }
+        }
+        let ctx = state.config.max_model_len;
+        if prompt_len >= ctx {
+            return Err(ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: format!(
+                    "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens."
+                ),
+                kind: "invalid_request_error",
+                param: Some("messages"),
+                code: Some("context_length_exceeded"),
+            });
+        }
+        let room = ctx - prompt_len;
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .unwrap_or(room);
+        if max_tokens == 0 {
+            return Err(ApiError::bad_request(
+                "max_tokens must be at least 1",
+                Some("max_tokens"),
+            ));
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_request(
+                    format!("top_k must be -1, 0 or positive, got {k}"),
+                    Some("top_k"),
+                ))
+            }
+        };
+        let sampling = SamplingParams {
+            do_sample: temperature > 0.0,
+            temperature,
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+        };
+        sampling
+            .validate()
+            .map_err(|m| ApiError::bad_request(m, None))?;
+        let d = state.config.spec;
+        let sc = self.speculative_config.as_ref();
+        if let Some(m) = sc.and_then(|s| s.method.as_deref()) {
+            if m != "ngram" && m != "prompt_lookup" {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "speculative method '{m}' is not supported (pld drafts with \"ngram\")"
+                    ),
+                    Some("speculative_config"),
+                ));
+            }
+        }
+        let num_tokens = self
+            .num_speculative_tokens
+            .or(sc.and_then(|s| s.num_speculative_tokens))
+            .unwrap_or(d.num_tokens);
+        let max_n = self
+            .prompt_lookup_max
+            .or(sc.and_then(|s| s.prompt_lookup_max))
+            .unwrap_or(d.max_n);
+        let min_n = self
+            .prompt_lookup_min
+            .or(sc.and_then(|s| s.prompt_lookup_min))
+            .unwrap_or(d.min_n);
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        let config = GenerationConfig {
+            max_new_tokens: max_tokens.min(room),
+            sampling,
+            seed: self.seed,
+            prompt_lookup_num_tokens: num_tokens,
+            max_matching_ngram_size: max_n,
+            prompt_lookup_min: min_n,
+            match_policy: d.policy,
+            stop,
+            adaptive_draft: d.adaptive,
+        };
+        config
+            .validate()
+            .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
+        Ok(config)
+    }
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let req: ChatRequest = parse(body)?;
+        if req.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages must not be empty",
+                Some("messages"),
+            ));
+        }
+        let mut messages = Vec::with_capacity(req.messages.len());
+        for m in &req.messages {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        if p.kind != "text" {
+                            return Err(ApiError::bad_request(
+                                format!("content part type '{}' is not supported", p.kind),
+                                Some("messages"),
+                            ));
+                        }
+                        s.push_str(p.text.as_deref().unwrap_or(""));
+                    }
+                    s
+                }
+            };
+            messages.push(Message::new(&m.role, &content));
+        }
+        let prompt = state
+            .lm
+            .render_chat(&messages)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+        let ids = state
+            .lm
+            .tokenizer
+            .encode_prompt(&prompt)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+        let config = req.common.config(&state, ids.len())?;
+        Ok(respond(&state, ids, config, &req.common, Kind::Chat).await)
+    }
+    .await;
+    finish(&state, result)
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let req: CompletionRequest = parse(body)?;
+        let prompt = match &req.prompt {
+            Value::String(s) => s.clone(),
+            Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+                a[0].as_str().unwrap_or("").to_string()
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "prompt must be a string (or a list of one string)",
+                    Some("prompt"),
+                ))
+            }
+        };
+        let ids = state
+            .lm
+            .tokenizer
+            .encode_prompt(&prompt)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
+        if ids.is_empty() {
+            return Err(ApiError::bad_request(
+                "prompt must not be empty",
+                Some("prompt"),
+            ));
+        }
+        let config = req.common.config(&state, ids.len())?;
+        Ok(respond(&state, ids, config, &req.common, Kind::Text).await)
+    }
+    .await;
+    finish(&state, result)
+}
+
+fn finish(state: &AppState, result: Result<Response, ApiError>) -> Response {
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    state.metrics.count_status(response.status().as_u16());
+    response
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// Submits the request to the engine loop and answers, streamed or whole.
+async fn respond(
+    state: &Arc<AppState>,
+    ids: Vec<u32>,
+    config: GenerationConfig,
+    common: &Common,
+    kind: Kind,
+) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        prompt: ids,
+        config,
+        events: tx,
+        arrived: Instant::now(),
+    };
+    if let Err(e) = state.scheduler.submit(job, &state.metrics) {
+        return match e {
+            SubmitError::QueueFull => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: "the server is at capacity (the request queue is full); retry later"
+                    .into(),
+                kind: "rate_limit_error",
+                param: None,
+                code: Some("queue_full"),
+            },
+            SubmitError::Stopped => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: "the engine has stopped".into(),
+                kind: "server_error",
+                param: None,
+                code: None,
+            },
+        }
+        .into_response();
+    }
+    let (prefix, object) = match kind {
+        Kind::Chat => ("chatcmpl", "chat.completion"),
+        Kind::Text => ("cmpl", "text_completion"),
+    };
+    let meta = Meta {
+        id: request_id(prefix),
+        created: unix_now(),
+        model: state.config.model_name.clone(),
+        object,
+        kind,
+    };
+    if common.stream {
+        let usage = common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        stream_response(meta, rx, usage).into_response()
+    } else {
+        whole_response(meta, rx).await
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    object: &'static str,
+    kind: Kind,
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+async fn whole_response(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Failed(m) => {
+                return ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: m,
+                    kind: "server_error",
+                    param: None,
+                    code: None,
+                }
+                .into_response()
+            }
+            Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let choice = match meta.kind {
+                    Kind::Chat => json!({
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish_reason(reason),
+                        "logprobs": null,
+                    }),
+                    Kind::Text => json!({
+                        "index": 0,
+                        "text": text,
+                        "finish_reason": finish_reason(reason),
+                        "logprobs": null,
+                    }),
+                };
+                return Json(json!({
+                    "id": meta.id,
+                    "object": meta.object,
+                    "created": meta.created,
+                    "model": meta.model,
+                    "choices": [choice],
+                    "usage": usage(prompt_tokens, completion_tokens),
+                }))
+                .into_response();
+            }
+        }
+    }
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: "the engine dropped the request".into(),
+        kind: "server_error",
+        param: None,
+        code: None,
+    }
+    .into_response()
+}
+
+fn stream_response(
+    meta: Meta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let object = match meta.kind {
+        Kind::Chat => "chat.completion.chunk",
+        Kind::Text => "text_completion",
+    };
+    let chunk = move |meta: &Meta,
+                      delta: Option<&str>,
+                      reason: Option<&str>,
+                      role: bool|
+          -> Value {
+        let choice = match meta.kind {
+            Kind::Chat => {
+                let mut d = serde_json::Map::new();
+                if role {
+                    d.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = delta {
+                    d.insert("content".into(), json!(t));
+                }
+                json!({"index": 0, "delta": d, "finish_reason": reason, "logprobs": null})
+            }
+            Kind::Text => {
+                json!({"index": 0, "text": delta.unwrap_or(""), "finish_reason": reason, "logprobs": null})
+            }
+        };
+        json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [choice]})
+    };
+    // State: (receiver, meta, sent the opening chunk, done).
+    let s = stream::unfold((rx, meta, false, false), move |(mut rx, meta, opened, done)| async move {
+        if done {
+            return None;
+        }
+        let data = |v: Value| Ok::<_, Infallible>(SseEvent::default().data(v.to_string()));
+        if !opened && meta.kind == Kind::Chat {
+            let first = chunk(&meta, Some(""), None, true);
+            return Some((vec![data(first)], (rx, meta, true, false)));
+        }
+        match rx.recv().await {
+            Some(Event::Text(t)) => {
+                let c = chunk(&meta, Some(&t), None, false);
+                Some((vec![data(c)], (rx, meta, true, false)))
+            }
+            Some(Event::Finished { reason, prompt_tokens, completion_tokens }) => {
+                let mut out = vec![data(chunk(&meta, None, Some(finish_reason(reason)), false))];
+                if include_usage {
+                    out.push(data(json!({
+                        "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
+                        "choices": [], "usage": usage(prompt_tokens, completion_tokens),
+                    })));
+                }
+                out.push(Ok(SseEvent::default().data("[DONE]")));
+                Some((out, (rx, meta, true, true)))
+            }
+            Some(Event::Failed(m)) => {
+                let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
+                Some((vec![data(err), Ok(SseEvent::default().data("[DONE]"))], (rx, meta, true, true)))
+            }
+            None => None,
+        }
+    })
+    .flat_map(stream::iter);
+    Sse::new(s)
+}

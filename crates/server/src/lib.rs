@@ -1,0 +1,78 @@
+//! pld's OpenAI-compatible HTTP server: a thin layer over the engine. Requests become sequences in
+//! one continuous-batching loop (`scheduler`), which advances every running sequence in the same
+//! forward pass with the engine's `step`; the HTTP side (`api`) parses and validates requests,
+//! streams text back as Server-Sent Events, and reports errors in OpenAI's shape.
+
+pub mod api;
+pub mod metrics;
+pub mod scheduler;
+
+use engine::LoadedModel;
+use std::sync::Arc;
+
+/// Speculation defaults of the server (each request may override them).
+#[derive(Clone, Copy, Debug)]
+pub struct SpecDefaults {
+    pub num_tokens: usize,
+    pub max_n: usize,
+    pub min_n: usize,
+    pub policy: drafting::MatchPolicy,
+    pub adaptive: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The name clients use in `model` (the alias or file name it was started with).
+    pub model_name: String,
+    pub api_key: Option<String>,
+    pub max_num_seqs: usize,
+    /// Requests waiting beyond `max_num_seqs` before new ones get 429.
+    pub max_queue: usize,
+    pub max_model_len: usize,
+    pub max_body_bytes: usize,
+    pub spec: SpecDefaults,
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub lm: Arc<LoadedModel>,
+    pub config: ServerConfig,
+    pub scheduler: scheduler::Scheduler,
+    pub metrics: Arc<metrics::Metrics>,
+}
+
+/// Starts the engine loop and returns the router serving the API.
+pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let scheduler = scheduler::Scheduler::start(lm.clone(), &config, metrics.clone());
+    let state = Arc::new(AppState {
+        lm,
+        config,
+        scheduler,
+        metrics,
+    });
+    api::router(state)
+}
+
+/// Serves until the process is stopped.
+pub async fn serve(
+    lm: Arc<LoadedModel>,
+    config: ServerConfig,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(
+        "serving {} on http://{}",
+        config.model_name,
+        listener.local_addr()?
+    );
+    let router = app(lm, config);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! Prometheus text metrics: requests by status, tokens, latency histograms, batch occupancy, and
+//! the speculative-decoding counters vLLM exposes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A histogram with fixed upper bounds (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if seconds <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            out.push_str(&format!(
+                "{name}_bucket{{le=\"{b}\"}} {}\n",
+                c.load(Ordering::Relaxed)
+            ));
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {count}\n"));
+        out.push_str(&format!(
+            "{name}_sum {}\n{name}_count {count}\n",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+    }
+}
+
+const TTFT_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const TPOT_BOUNDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+];
+
+pub struct Metrics {
+    pub requests_by_status: Mutex<BTreeMap<u16, u64>>,
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub draft_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
+    pub verification_steps: AtomicU64,
+    pub time_to_first_token: Histogram,
+    pub time_per_output_token: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests_by_status: Mutex::new(BTreeMap::new()),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            draft_tokens: AtomicU64::new(0),
+            accepted_tokens: AtomicU64::new(0),
+            verification_steps: AtomicU64::new(0),
+            time_to_first_token: Histogram::new(TTFT_BOUNDS),
+            time_per_output_token: Histogram::new(TPOT_BOUNDS),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count_status(&self, status: u16) {
+        let mut m = self
+            .requests_by_status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *m.entry(status).or_default() += 1;
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.push_str("# HELP pld_requests_total HTTP requests by status code.\n# TYPE pld_requests_total counter\n");
+        for (status, n) in self
+            .requests_by_status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            out.push_str(&format!("pld_requests_total{{status=\"{status}\"}} {n}\n"));
+        }
+        let counters = [
+            (
+                "pld_prompt_tokens_total",
+                "Prompt tokens processed.",
+                get(&self.prompt_tokens),
+            ),
+            (
+                "pld_generation_tokens_total",
+                "Tokens generated.",
+                get(&self.generation_tokens),
+            ),
+            (
+                "pld_spec_decode_num_draft_tokens_total",
+                "Drafted tokens sent to verification.",
+                get(&self.draft_tokens),
+            ),
+            (
+                "pld_spec_decode_num_accepted_tokens_total",
+                "Drafted tokens accepted.",
+                get(&self.accepted_tokens),
+            ),
+            (
+                "pld_spec_decode_num_verification_steps_total",
+                "Decoding forward passes (verification steps).",
+                get(&self.verification_steps),
+            ),
+        ];
+        for (name, help, v) in counters {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            ));
+        }
+        let drafts = get(&self.draft_tokens);
+        let rate = if drafts > 0 {
+            get(&self.accepted_tokens) as f64 / drafts as f64
+        } else {
+            0.0
+        };
+        let gauges = [
+            (
+                "pld_num_requests_running",
+                "Sequences in the running batch.",
+                get(&self.running) as f64,
+            ),
+            (
+                "pld_num_requests_waiting",
+                "Requests queued for the batch.",
+                get(&self.waiting) as f64,
+            ),
+            (
+                "pld_spec_decode_draft_acceptance_rate",
+                "Accepted over drafted tokens.",
+                rate,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+            ));
+        }
+        self.time_to_first_token.render(
+            "pld_time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            &mut out,
+        );
+        self.time_per_output_token.render(
+            "pld_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per request.",
+            &mut out,
+        );
+        out
+    }
+}

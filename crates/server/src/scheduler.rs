@@ -1,0 +1,234 @@
+//! Continuous batching: one engine loop on its own thread. Requests join the running batch at step
+//! boundaries (up to `max_num_seqs`, the rest wait in a bounded queue), every running sequence
+//! advances in the same forward pass through the engine's `step`, text goes back to each request's
+//! channel as it is accepted, and a sequence whose client went away is dropped within one step.
+//!
+//! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
+//! drafted rows stop being nearly free as the batch grows. The scheduler caps the drafted tokens
+//! per sequence so that the rows per pass stay within a budget (`ROW_BUDGET`); each sequence's own
+//! controller then sends only the drafts it expects to pay off.
+
+use crate::metrics::Metrics;
+use crate::ServerConfig;
+use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Rows (last tokens plus drafts) per forward pass that speculation may fill.
+const ROW_BUDGET: usize = 16;
+
+/// What the engine loop sends back for one request.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Failed(String),
+}
+
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub config: GenerationConfig,
+    pub events: UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+pub struct Scheduler {
+    queue: SyncSender<Job>,
+}
+
+#[derive(Debug)]
+pub enum SubmitError {
+    QueueFull,
+    Stopped,
+}
+
+impl Scheduler {
+    pub fn start(lm: Arc<LoadedModel>, config: &ServerConfig, metrics: Arc<Metrics>) -> Scheduler {
+        let (tx, rx) = sync_channel(config.max_queue);
+        let max_seqs = config.max_num_seqs.max(1);
+        let ctx = config.max_model_len;
+        std::thread::Builder::new()
+            .name("pld-engine".into())
+            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, &metrics))
+            .expect("spawn the engine thread");
+        Scheduler { queue: tx }
+    }
+
+    pub fn submit(&self, job: Job, metrics: &Metrics) -> Result<(), SubmitError> {
+        match self.queue.try_send(job) {
+            Ok(()) => {
+                metrics.waiting.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
+    }
+}
+
+struct Running {
+    seq: Sequence,
+    events: UnboundedSender<Event>,
+    arrived: Instant,
+    first_token: Option<Instant>,
+}
+
+/// The draft cap per sequence for a batch of `n`.
+fn draft_cap(n: usize) -> usize {
+    (ROW_BUDGET / n.max(1)).saturating_sub(1)
+}
+
+fn engine_loop(
+    lm: &LoadedModel,
+    rx: Receiver<Job>,
+    max_seqs: usize,
+    ctx: usize,
+    metrics: &Metrics,
+) {
+    let mut running: Vec<Running> = Vec::new();
+    loop {
+        // Admit: block when idle, otherwise take what is waiting.
+        if running.is_empty() {
+            match rx.recv() {
+                Ok(job) => admit(lm, job, ctx, metrics, &mut running),
+                Err(_) => return,
+            }
+        }
+        while running.len() < max_seqs {
+            match rx.try_recv() {
+                Ok(job) => admit(lm, job, ctx, metrics, &mut running),
+                Err(_) => break,
+            }
+        }
+        // Cancellation: a closed channel means the client is gone.
+        running.retain(|r| !r.events.is_closed());
+        metrics
+            .running
+            .store(running.len() as u64, Ordering::Relaxed);
+        if running.is_empty() {
+            continue;
+        }
+        let cap = draft_cap(running.len());
+        let before: Vec<(usize, usize, usize)> = running
+            .iter_mut()
+            .map(|r| {
+                r.seq.set_draft_limit(cap);
+                (
+                    r.seq.stats.draft_tokens,
+                    r.seq.stats.accepted_tokens,
+                    r.seq.stats.steps,
+                )
+            })
+            .collect();
+        let result = {
+            let mut seqs: Vec<&mut Sequence> = running.iter_mut().map(|r| &mut r.seq).collect();
+            step(&lm.model, &lm.tokenizer, &mut seqs)
+        };
+        if let Err(e) = result {
+            tracing::error!("engine step failed: {e}");
+            for r in running.drain(..) {
+                let _ = r.events.send(Event::Failed(e.to_string()));
+            }
+            continue;
+        }
+        let now = Instant::now();
+        for (r, (d0, a0, s0)) in running.iter_mut().zip(before) {
+            metrics
+                .draft_tokens
+                .fetch_add((r.seq.stats.draft_tokens - d0) as u64, Ordering::Relaxed);
+            metrics
+                .accepted_tokens
+                .fetch_add((r.seq.stats.accepted_tokens - a0) as u64, Ordering::Relaxed);
+            metrics
+                .verification_steps
+                .fetch_add((r.seq.stats.steps - s0) as u64, Ordering::Relaxed);
+            if r.first_token.is_none() && !r.seq.generated_tokens().is_empty() {
+                r.first_token = Some(now);
+                metrics
+                    .time_to_first_token
+                    .observe((now - r.arrived).as_secs_f64());
+            }
+            let text = r.seq.take_new_text();
+            if !text.is_empty() {
+                let _ = r.events.send(Event::Text(text));
+            }
+        }
+        running.retain_mut(|r| {
+            let Some(reason) = r.seq.finish_reason() else {
+                return true;
+            };
+            let completion = r.seq.generated_tokens().len();
+            let prompt = r.seq.prompt_tokens().len();
+            metrics
+                .generation_tokens
+                .fetch_add(completion as u64, Ordering::Relaxed);
+            if let (Some(first), true) = (r.first_token, completion > 1) {
+                let per = (now - first).as_secs_f64() / (completion - 1) as f64;
+                metrics.time_per_output_token.observe(per);
+            }
+            let s = &r.seq.stats;
+            tracing::info!(
+                prompt_tokens = prompt,
+                completion_tokens = completion,
+                finish_reason = ?reason,
+                steps = s.steps,
+                draft_tokens = s.draft_tokens,
+                accepted_tokens = s.accepted_tokens,
+                mean_accepted_tokens = format!("{:.2}", s.mean_accepted_tokens()),
+                seconds = format!("{:.2}", (now - r.arrived).as_secs_f64()),
+                "request done"
+            );
+            let _ = r.events.send(Event::Finished {
+                reason,
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            });
+            false
+        });
+        metrics
+            .running
+            .store(running.len() as u64, Ordering::Relaxed);
+    }
+}
+
+fn admit(lm: &LoadedModel, job: Job, ctx: usize, metrics: &Metrics, running: &mut Vec<Running>) {
+    metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+    if job.events.is_closed() {
+        return;
+    }
+    metrics
+        .prompt_tokens
+        .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+    match Sequence::new(&lm.model, job.prompt, job.config, ctx) {
+        Ok(seq) => running.push(Running {
+            seq,
+            events: job.events,
+            arrived: job.arrived,
+            first_token: None,
+        }),
+        Err(e) => {
+            let _ = job.events.send(Event::Failed(e.to_string()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draft_cap_shrinks_with_the_batch() {
+        assert!(draft_cap(1) >= 8);
+        assert_eq!(draft_cap(2), 7);
+        assert_eq!(draft_cap(8), 1);
+        assert_eq!(draft_cap(16), 0);
+        assert_eq!(draft_cap(32), 0);
+    }
+}

@@ -1,0 +1,466 @@
+//! The server over real HTTP on loopback with smollm2-135m: completions in both shapes, streamed and
+//! not, stop strings, seeds, every error case, the API key, cancellation on disconnect, batching
+//! that does not change results, and the official `openai` Python client.
+
+use engine::LoadedModel;
+use serde_json::{json, Value};
+use server::{ServerConfig, SpecDefaults};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+fn model() -> Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = engine::fetch::resolve_model("smollm2-135m").expect("model available");
+        Arc::new(LoadedModel::load(&path).expect("model loads"))
+    })
+    .clone()
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        model_name: "smollm2-135m".into(),
+        api_key: None,
+        max_num_seqs: 16,
+        max_queue: 64,
+        max_model_len: 2048,
+        max_body_bytes: 64 * 1024,
+        spec: SpecDefaults {
+            num_tokens: 8,
+            max_n: 3,
+            min_n: 1,
+            policy: drafting::MatchPolicy::Recent,
+            adaptive: true,
+        },
+    }
+}
+
+/// Starts a server on a free loopback port; returns its base URL.
+async fn start(config: ServerConfig) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = server::app(model(), config);
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    format!("http://{addr}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn chat(content: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+fn assert_error(status: u16, body: &Value, want: u16) {
+    assert_eq!(status, want, "{body}");
+    let e = &body["error"];
+    assert!(e["message"].is_string(), "error shape: {body}");
+    for key in ["type", "param", "code"] {
+        assert!(e.get(key).is_some(), "error.{key} missing: {body}");
+    }
+}
+
+/// The data lines of an SSE response.
+async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let text = r.text().await.unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_and_text_completions() {
+    let base = start(config()).await;
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        chat("What is the capital of France? Answer in one sentence.", 24),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.contains("Paris"), "{text}");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(
+        v["choices"][0]["finish_reason"] == "stop" || v["choices"][0]["finish_reason"] == "length"
+    );
+    let u = &v["usage"];
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    );
+
+    // Streamed: role first, then content, then the finish reason, the usage, [DONE].
+    let mut body = chat("What is the capital of France? Answer in one sentence.", 24);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let lines = sse(&base, "/v1/chat/completions", body).await;
+    assert_eq!(lines.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, text, "stream and whole response agree");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], u["completion_tokens"]);
+    assert!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"].is_string());
+
+    // Text completions.
+    let body = json!({"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
+    let (status, v) = post(&base, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    let whole = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let mut sbody = body;
+    sbody["stream"] = json!(true);
+    let lines = sse(&base, "/v1/completions", sbody).await;
+    let streamed: String = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, whole);
+
+    // /v1/models, /health, /metrics.
+    let models: Value = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "smollm2-135m");
+    assert_eq!(
+        client()
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let m = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "pld_requests_total{status=\"200\"}",
+        "pld_generation_tokens_total",
+        "pld_spec_decode_num_draft_tokens_total",
+        "pld_spec_decode_num_accepted_tokens_total",
+        "pld_time_to_first_token_seconds_bucket",
+        "pld_num_requests_running",
+    ] {
+        assert!(m.contains(name), "metrics lack {name}:\n{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_and_seeds() {
+    let base = start(config()).await;
+    let (_, v) = post(
+        &base,
+        "/v1/chat/completions",
+        chat("List the numbers from one to ten in words.", 48),
+    )
+    .await;
+    let full = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stop = full
+        .split_whitespace()
+        .nth(3)
+        .expect("a few words")
+        .to_string();
+    let mut body = chat("List the numbers from one to ten in words.", 48);
+    body["stop"] = json!([stop.clone()]);
+    let (_, v) = post(&base, "/v1/chat/completions", body).await;
+    let cut = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(
+        !cut.contains(&stop) && full.starts_with(cut),
+        "{cut:?} / {full:?}"
+    );
+
+    let mut body = chat("Write a sentence about the sea.", 24);
+    body["temperature"] = json!(0.9);
+    body["seed"] = json!(1234);
+    let (_, a) = post(&base, "/v1/chat/completions", body.clone()).await;
+    let (_, b) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors() {
+    let mut c = config();
+    c.max_model_len = 64;
+    let base = start(c).await;
+    let raw = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let status = raw.status().as_u16();
+    assert_error(status, &raw.json().await.unwrap(), 400);
+    let mut body = chat("hi", 4);
+    body["max_tokens"] = json!("four");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    let mut body = chat("hi", 4);
+    body["model"] = json!("gpt-17");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 404);
+    let (s, v) = post(&base, "/v1/chat/completions", chat(&"word ".repeat(200), 4)).await;
+    assert_error(s, &v, 400);
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("64") && msg.contains("prompt has"), "{msg}");
+    let mut body = chat("hi", 4);
+    body["n"] = json!(2);
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    let (s, v) = post(&base, "/v1/chat/completions", chat(&"x".repeat(100_000), 4)).await;
+    assert_error(s, &v, 413);
+    // The server is still serving.
+    let (s, _) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_when_set() {
+    let mut c = config();
+    c.api_key = Some("sekret".into());
+    let base = start(c).await;
+    let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
+    assert_error(s, &v, 401);
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("wrong")
+        .json(&chat("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sekret")
+        .json(&chat("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        client()
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+async fn running(base: &str) -> u64 {
+    let m = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    m.lines()
+        .find_map(|l| l.strip_prefix("pld_num_requests_running "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN) as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_frees_the_sequence_and_full_queue_is_429() {
+    let mut c = config();
+    c.max_num_seqs = 1;
+    c.max_queue = 1;
+    let base = start(c).await;
+    let mut body = chat("Tell me a very long story about a dragon.", 2000);
+    body["stream"] = json!(true);
+    body["min_p"] = json!(0.0);
+    let mut resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    // Wait until it generates.
+    let first = resp.chunk().await.unwrap();
+    assert!(first.is_some());
+    let _ = resp.chunk().await.unwrap();
+    assert_eq!(running(&base).await, 1);
+    // One waits in the queue, the next is refused.
+    let queued = tokio::spawn({
+        let base = base.clone();
+        async move { post(&base, "/v1/chat/completions", chat("hi", 2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
+    assert_error(s, &v, 429);
+    // The client goes away: the sequence stops and the queued request runs.
+    drop(resp);
+    let (s, _) = tokio::time::timeout(Duration::from_secs(60), queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s, 200);
+    let mut freed = false;
+    for _ in 0..50 {
+        if running(&base).await == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(freed, "the dropped sequence is freed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batching_does_not_change_results() {
+    let base = start(config()).await;
+    let prompts: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "Repeat this code exactly: let x{i} = vec![{i}, {}, {}];",
+                i + 1,
+                i * 3
+            )
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let (s, v) = post(&base, "/v1/chat/completions", chat(p, 24)).await;
+        assert_eq!(s, 200);
+        alone.push(
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let base = base.clone();
+            let body = chat(p, 24);
+            tokio::spawn(async move { post(&base, "/v1/chat/completions", body).await })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (s, v) = h.await.unwrap();
+        assert_eq!(s, 200);
+        assert_eq!(
+            v["choices"][0]["message"]["content"].as_str().unwrap(),
+            alone[i],
+            "request {i}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_openai_client_works() {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let st = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .expect("python3 runs");
+        assert!(st.success(), "pip install openai failed");
+    }
+    let base = start(config()).await;
+    let script = format!(
+        r#"
+import openai
+c = openai.OpenAI(base_url="{base}/v1", api_key="none")
+r = c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "What is the capital of France? Answer in one sentence."}}], max_tokens=16, temperature=0)
+assert "Paris" in r.choices[0].message.content, r
+parts = []
+for chunk in c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "What is the capital of France? Answer in one sentence."}}], max_tokens=16, temperature=0, stream=True):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+assert "".join(parts) == r.choices[0].message.content, (parts, r)
+t = c.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=8, temperature=0)
+assert t.usage.completion_tokens == 8, t
+print("ok")
+"#
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
