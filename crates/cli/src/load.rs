@@ -70,13 +70,7 @@ fn server_config(name: &str, ctx: usize, max_seqs: usize, s: Speculation) -> ser
         max_queue: 1024,
         max_model_len: ctx,
         max_body_bytes: 16 << 20,
-        spec: server::SpecDefaults {
-            num_tokens: s.num_tokens,
-            max_n: s.max_n,
-            min_n: s.min_n,
-            policy: s.policy,
-            adaptive: s.adaptive,
-        },
+        spec: s.into(),
     }
 }
 

@@ -58,13 +58,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,
         max_body_bytes: a.max_body_bytes,
-        spec: server::SpecDefaults {
-            num_tokens: spec.num_tokens,
-            max_n: spec.max_n,
-            min_n: spec.min_n,
-            policy: spec.policy,
-            adaptive: spec.adaptive,
-        },
+        spec: spec.into(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -98,3 +98,15 @@ impl Speculation {
         config.adaptive_draft = self.adaptive;
     }
 }
+
+impl From<Speculation> for server::SpecDefaults {
+    fn from(s: Speculation) -> Self {
+        server::SpecDefaults {
+            num_tokens: s.num_tokens,
+            max_n: s.max_n,
+            min_n: s.min_n,
+            policy: s.policy,
+            adaptive: s.adaptive,
+        }
+    }
+}
