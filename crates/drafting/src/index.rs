@@ -223,14 +223,7 @@ impl NgramIndex {
                 // Hash collision with a different n-gram: no match at this n.
                 continue;
             }
-            let from = end + 1;
-            let to = from + k.min(len - from);
-            out.extend_from_slice(&tokens[from..to]);
-            return Some(Match {
-                n,
-                start,
-                len: to - from,
-            });
+            return Some(crate::copy_continuation(tokens, start, n, k, out));
         }
         None
     }

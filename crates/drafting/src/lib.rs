@@ -54,5 +54,24 @@ pub struct Match {
     pub len: usize,
 }
 
+/// Copies the up to `k` tokens that follow the occurrence of an `n`-gram starting at `start` into
+/// `out`, and describes the match.
+pub(crate) fn copy_continuation(
+    tokens: &[u32],
+    start: usize,
+    n: usize,
+    k: usize,
+    out: &mut Vec<u32>,
+) -> Match {
+    let from = start + n;
+    let to = from + k.min(tokens.len() - from);
+    out.extend_from_slice(&tokens[from..to]);
+    Match {
+        n,
+        start,
+        len: to - from,
+    }
+}
+
 #[cfg(test)]
 mod tests;

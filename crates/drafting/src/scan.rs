@@ -28,14 +28,7 @@ pub fn propose_by_scan(
         let Some(start) = tokens[..len - 1].windows(n).rposition(|w| w == suffix) else {
             continue;
         };
-        let from = start + n;
-        let to = from + k.min(len - from);
-        out.extend_from_slice(&tokens[from..to]);
-        return Some(Match {
-            n,
-            start,
-            len: to - from,
-        });
+        return Some(crate::copy_continuation(tokens, start, n, k, out));
     }
     None
 }
