@@ -9,7 +9,10 @@
 //! `DraftLength` estimates `a` separately for each matched n-gram size (a long match predicts
 //! better than a single repeated token) from decayed counts of accepted and rejected tokens, and
 //! `alpha` from the measured cost of passes. Estimates decay towards their priors while unused, so a
-//! sequence whose drafting was switched off tries again later.
+//! sequence whose drafting was switched off tries again later. Where even the prior does not pay
+//! (a high `alpha`, say a noisy timing), it still sends a one-token probe now and then, with the gap
+//! between probes doubling after each rejected one: a wrong guess about the cost can then never
+//! switch drafting off for good, and free-form text pays almost nothing for the probes.
 
 use crate::MAX_NGRAM;
 
@@ -18,6 +21,10 @@ const DECAY: f64 = 0.95;
 /// Prior pseudo-counts of accepted and rejected tokens: a prior acceptance of one half.
 const PRIOR_ACCEPT: f64 = 1.0;
 const PRIOR_REJECT: f64 = 1.0;
+/// Steps without a draft before the first probe; the gap doubles after every rejected probe, up to
+/// `MAX_PROBE_GAP`.
+const FIRST_PROBE_GAP: u32 = 8;
+const MAX_PROBE_GAP: u32 = 512;
 
 #[derive(Clone, Debug)]
 pub struct DraftLength {
@@ -26,6 +33,10 @@ pub struct DraftLength {
     /// Extra cost of each token beyond the first in a pass, relative to a one-token pass.
     alpha: f64,
     one_token_cost: Option<f64>,
+    /// Steps since the last draft was sent.
+    since_draft: u32,
+    /// Steps without a draft after which a one-token probe is sent.
+    probe_gap: u32,
 }
 
 impl DraftLength {
@@ -36,6 +47,8 @@ impl DraftLength {
             rejected: [0.0; MAX_NGRAM + 1],
             alpha: alpha.max(0.0),
             one_token_cost: None,
+            since_draft: 0,
+            probe_gap: FIRST_PROBE_GAP,
         }
     }
 
@@ -50,9 +63,19 @@ impl DraftLength {
         self.alpha
     }
 
+    /// The number of drafted tokens (at most `available`) to send for a match of size `n`: the one
+    /// that maximizes expected tokens per unit of pass cost, or a one-token probe when no draft has
+    /// been sent for a while.
+    pub fn choose(&self, n: usize, available: usize) -> usize {
+        match self.best_length(n, available) {
+            0 if self.since_draft >= self.probe_gap => available.min(1),
+            k => k,
+        }
+    }
+
     /// The number of drafted tokens (at most `available`) that maximizes expected tokens per unit
     /// of pass cost, for a match of size `n`.
-    pub fn choose(&self, n: usize, available: usize) -> usize {
+    pub fn best_length(&self, n: usize, available: usize) -> usize {
         let a = self.acceptance(n).min(0.999);
         let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
         let mut power = a; // a^(k)
@@ -75,6 +98,15 @@ impl DraftLength {
             return;
         }
         let n = n.min(MAX_NGRAM);
+        if self.since_draft >= self.probe_gap {
+            // This was a probe: back off after a rejection, start over after a success.
+            self.probe_gap = if accepted == 0 {
+                (self.probe_gap * 2).min(MAX_PROBE_GAP)
+            } else {
+                FIRST_PROBE_GAP
+            };
+        }
+        self.since_draft = 0;
         for i in 0..=MAX_NGRAM {
             self.accepted[i] *= DECAY;
             self.rejected[i] *= DECAY;
@@ -85,6 +117,7 @@ impl DraftLength {
 
     /// Lets estimates drift back to their priors during a step without a draft.
     pub fn idle(&mut self) {
+        self.since_draft = self.since_draft.saturating_add(1);
         for i in 0..=MAX_NGRAM {
             self.accepted[i] *= DECAY;
             self.rejected[i] *= DECAY;
@@ -147,6 +180,36 @@ mod tests {
             c.idle();
         }
         assert!(c.choose(2, 4) > 0, "after a while it tries again");
+    }
+
+    #[test]
+    fn probes_back_off_when_rejected_and_reset_when_accepted() {
+        // Passes so costly that no draft pays, whatever the acceptance.
+        let mut c = DraftLength::new(2.0);
+        assert_eq!(c.best_length(3, 8), 0);
+        let mut probes = Vec::new();
+        for step in 0..400u32 {
+            match c.choose(3, 8) {
+                0 => c.idle(),
+                k => {
+                    assert_eq!(k, 1, "a probe is one token");
+                    probes.push(step);
+                    c.observe(3, 1, 0);
+                }
+            }
+        }
+        // Idle steps between consecutive probes: 16, 32, 64, 128, 256.
+        let idle: Vec<u32> = probes.windows(2).map(|w| w[1] - w[0] - 1).collect();
+        assert_eq!(probes[0], FIRST_PROBE_GAP);
+        assert_eq!(idle, [16, 32, 64, 128], "probes at {probes:?}");
+        // An accepted probe brings the short gap back.
+        for _ in 0..c.probe_gap {
+            c.idle();
+        }
+        assert_eq!(c.choose(3, 8), 1);
+        c.observe(3, 1, 1);
+        assert_eq!(c.probe_gap, FIRST_PROBE_GAP);
+        assert_eq!(c.choose(3, 0), 0, "nothing to send, no probe");
     }
 
     #[test]

@@ -409,6 +409,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
         model.forward(&mut items)?
     };
     let elapsed = started.elapsed();
+    let alone = inputs.len() == 1;
     let vocab = model.config.vocab_size;
     let mut row = 0;
     for (si, toks, drafts) in inputs {
@@ -464,8 +465,9 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     seq.draft_length.idle();
                 }
                 // Timings vary from run to run: they may steer draft lengths only where the output
-                // cannot depend on them (greedy), so seeded sampling stays reproducible.
-                if seq.config.sampling.is_greedy() {
+                // cannot depend on them (greedy), so seeded sampling stays reproducible. A pass
+                // shared with other sequences says nothing about this one's draft cost.
+                if seq.config.sampling.is_greedy() && alone {
                     seq.draft_length
                         .observe_cost(toks.len(), elapsed.as_secs_f64());
                 }
