@@ -316,6 +316,14 @@ async fn api_key_is_required_when_set() {
 }
 
 async fn running(base: &str) -> u64 {
+    gauge(base, "pld_num_requests_running").await
+}
+
+async fn waiting(base: &str) -> u64 {
+    gauge(base, "pld_num_requests_waiting").await
+}
+
+async fn gauge(base: &str, name: &str) -> u64 {
     let m = client()
         .get(format!("{base}/metrics"))
         .send()
@@ -325,7 +333,7 @@ async fn running(base: &str) -> u64 {
         .await
         .unwrap();
     m.lines()
-        .find_map(|l| l.strip_prefix("pld_num_requests_running "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or(f64::NAN) as u64
 }
@@ -355,7 +363,13 @@ async fn disconnect_frees_the_sequence_and_full_queue_is_429() {
         let base = base.clone();
         async move { post(&base, "/v1/chat/completions", chat("hi", 2)).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..600 {
+        if waiting(&base).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(waiting(&base).await, 1, "the second request waits");
     let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
     assert_error(s, &v, 429);
     // The client goes away: the sequence stops and the queued request runs.
