@@ -249,6 +249,7 @@ impl Isa {
             if base
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vnni")
             {
                 return Isa::Avx512Vnni;

@@ -21,7 +21,7 @@ pub struct QuantizedActs {
     pub q: Vec<i8>,
     /// Scale of each block.
     pub d: Vec<f32>,
-    /// Scale times the sum of the block's integers (32-blocks).
+    /// Per 32 elements: the block's scale times the sum of those 32 integers.
     pub ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
     pub bsums: Vec<i16>,
@@ -37,7 +37,7 @@ impl QuantizedActs {
         let nb = rows * k / block;
         self.q.resize(rows * k, 0);
         self.d.resize(nb, 0.0);
-        self.ds.resize(nb, 0.0);
+        self.ds.resize(rows * k / 32, 0.0);
         self.bsums.resize(rows * k / 16, 0);
         for (b, (xs, qs)) in x
             .chunks_exact(block)
@@ -50,9 +50,11 @@ impl QuantizedActs {
             for (q, v) in qs.iter_mut().zip(xs) {
                 *q = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
-            let sum: i32 = qs.iter().map(|&v| v as i32).sum();
             self.d[b] = d;
-            self.ds[b] = d * sum as f32;
+            for (g, grp) in qs.chunks_exact(32).enumerate() {
+                let sum: i32 = grp.iter().map(|&v| v as i32).sum();
+                self.ds[b * block / 32 + g] = d * sum as f32;
+            }
             for (g, grp) in qs.chunks_exact(16).enumerate() {
                 self.bsums[b * block / 16 + g] = grp.iter().map(|&v| v as i16).sum();
             }
@@ -76,21 +78,19 @@ pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
 }
 
-/// The 6-bit scales and mins of the eight sub-blocks of a Q4_K super-block.
+/// The 6-bit scales and mins of the eight sub-blocks of a Q4_K super-block. The 12 packed bytes
+/// hold scales 0..4 and mins 0..4 in the low 6 bits of bytes 0..4 and 4..8; scales and mins 4..8
+/// have their low 4 bits in the nibbles of bytes 8..12 and their top 2 bits in the top bits of
+/// bytes 0..4 and 4..8. Done four bytes at a time.
 #[inline(always)]
 pub fn q4k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut m = [0u8; 8];
-    for j in 0..8 {
-        if j < 4 {
-            sc[j] = s[j] & 63;
-            m[j] = s[j + 4] & 63;
-        } else {
-            sc[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-            m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-    }
-    (sc, m)
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let six = 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
+    (join(a & six, sc_hi), join(b & six, m_hi))
 }
 
 /// The weight formats with our own kernels.

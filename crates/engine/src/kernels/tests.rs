@@ -211,3 +211,30 @@ fn every_isa_matches_the_scalar_reference() {
         }
     }
 }
+
+/// The packed Q4_K scales and mins, unpacked four bytes at a time, equal the byte-by-byte rule.
+#[test]
+fn q4k_scales_and_mins_unpack_bytewise() {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..1000 {
+        let mut bytes = [0u8; 12];
+        for b in bytes.iter_mut() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *b = (s >> 32) as u8;
+        }
+        let (sc, m) = quant::q4k_scales_mins(&bytes);
+        for j in 0..8 {
+            let (want_sc, want_m) = if j < 4 {
+                (bytes[j] & 63, bytes[j + 4] & 63)
+            } else {
+                (
+                    (bytes[j + 4] & 0xF) | ((bytes[j - 4] >> 6) << 4),
+                    (bytes[j + 4] >> 4) | ((bytes[j] >> 6) << 4),
+                )
+            };
+            assert_eq!((sc[j], m[j]), (want_sc, want_m), "{bytes:?} sub-block {j}");
+        }
+    }
+}

@@ -268,6 +268,161 @@ unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
     }
 }
 
+/// Q4_K with 512-bit registers: each 64-byte load of packed nibbles becomes two vectors of 64
+/// weights in natural order, so one activation load, one `vpmaddubsw` and one `vpdpwssd` (scale
+/// applied and summed) cover 64 products per row.
+#[inline(always)]
+unsafe fn tile_q4k_512<const MR: usize>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let nsb = wrow.len() / 144;
+    let mut acc = [_mm512_setzero_ps(); MR];
+    let mut macc = [_mm256_setzero_ps(); MR];
+    let qbase = acts.q.as_ptr();
+    let low = _mm512_set1_epi8(0x0F);
+    // Lane l of the scale vector for the j-th 64 weights of half h is scale 4h + 2j + l / 16.
+    let index = |first: i16| {
+        let mut v = [0i16; 32];
+        for (l, x) in v.iter_mut().enumerate() {
+            *x = first + (l / 16) as i16;
+        }
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let idx = [index(0), index(2), index(4), index(6)];
+    for s in 0..nsb {
+        let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
+        prefetch(sb.as_ptr());
+        prefetch(sb.as_ptr().add(64));
+        prefetch(sb.as_ptr().add(128));
+        let (d, dmin) = (f16_fast(sb, 0), f16_fast(sb, 2));
+        let (sc, m) = q4k_scales_mins(&sb[4..16]);
+        let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+            sc.as_ptr() as *const __m128i
+        )));
+        let mut isum = [_mm512_setzero_si512(); MR];
+        for h in 0..2 {
+            let q = _mm512_loadu_si512(sb.as_ptr().add(16 + 64 * h) as *const _);
+            let lo = _mm512_and_si512(q, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+            // Sub-blocks 4h, 4h+1 (elements 128h..128h+64) and 4h+2, 4h+3.
+            let w = [
+                _mm512_shuffle_i64x2::<0x44>(lo, hi),
+                _mm512_shuffle_i64x2::<0xEE>(lo, hi),
+            ];
+            let sv = [
+                _mm512_permutexvar_epi16(idx[2 * h], sc16),
+                _mm512_permutexvar_epi16(idx[2 * h + 1], sc16),
+            ];
+            for r in 0..MR {
+                let xp = qbase.add((r0 + r) * acts.k + s * 256 + 128 * h);
+                for j in 0..2 {
+                    let x = _mm512_loadu_si512(xp.add(64 * j) as *const _);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w[j], x), sv[j]);
+                }
+            }
+        }
+        // Mins: dmin * m[sub] against each row's per-32 scaled sums.
+        let m8 = _mm_loadl_epi64(m.as_ptr() as *const __m128i);
+        let wmin = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)),
+            _mm256_set1_ps(dmin),
+        );
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 256 + s;
+            let ds = _mm256_loadu_ps(acts.ds.as_ptr().add(bi * 8));
+            macc[r] = _mm256_fmadd_ps(wmin, ds, macc[r]);
+            let dx = *acts.d.get_unchecked(bi);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(d * dx), acc[r]);
+        }
+    }
+    for r in 0..MR {
+        out[r] = _mm512_reduce_add_ps(acc[r]) - hsum(macc[r]);
+    }
+}
+
+/// Q6_K with 512-bit registers: 64 weights per vector in natural order, a 16-bit scale per lane
+/// pair, `vpmaddubsw` + `vpdpwssd` per 64 products and row.
+#[inline(always)]
+unsafe fn tile_q6k_512<const MR: usize>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let nsb = wrow.len() / 210;
+    let mut acc = [_mm256_setzero_ps(); MR];
+    let qbase = acts.q.as_ptr();
+    let low = _mm512_set1_epi8(0x0F);
+    let three = _mm512_set1_epi8(3);
+    // Lane l of the scale vector for the j-th 64 weights of half h is scale 8h + 4j + l / 8.
+    let index = |first: i16| {
+        let mut v = [0i16; 32];
+        for (l, x) in v.iter_mut().enumerate() {
+            *x = first + (l / 8) as i16;
+        }
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let idx = [index(0), index(4), index(8), index(12)];
+    for s in 0..nsb {
+        let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
+        prefetch(sb.as_ptr());
+        prefetch(sb.as_ptr().add(64));
+        prefetch(sb.as_ptr().add(128));
+        prefetch(sb.as_ptr().add(192));
+        let p = sb.as_ptr();
+        let d = f16_fast(sb, 208);
+        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+        let mut isum = [_mm512_setzero_si512(); MR];
+        for h in 0..2 {
+            let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let qh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2));
+            let u = [
+                _mm512_or_si512(
+                    _mm512_and_si512(ql, low),
+                    _mm512_slli_epi16(_mm512_and_si512(qh, three), 4),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(ql, 4), low),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), three), 4),
+                ),
+            ];
+            let sv = [
+                _mm512_permutexvar_epi16(idx[2 * h], sc16),
+                _mm512_permutexvar_epi16(idx[2 * h + 1], sc16),
+            ];
+            for r in 0..MR {
+                let xp = qbase.add((r0 + r) * acts.k + s * 256 + 128 * h);
+                for j in 0..2 {
+                    let x = _mm512_loadu_si512(xp.add(64 * j) as *const _);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(u[j], x), sv[j]);
+                }
+            }
+        }
+        let scales = _mm512_castsi512_si256(sc16);
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 256 + s;
+            let bs = _mm256_loadu_si256(acts.bsums.as_ptr().add(bi * 16) as *const __m256i);
+            // The values are stored plus 32: take 32 * scale * sum(x) back out.
+            let bias = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales), 5);
+            let isum = _mm256_add_epi32(
+                _mm512_castsi512_si256(isum[r]),
+                _mm512_extracti64x4_epi64::<1>(isum[r]),
+            );
+            let total = _mm256_sub_epi32(isum, bias);
+            let dx = *acts.d.get_unchecked(bi);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * dx), acc[r]);
+        }
+    }
+    for r in 0..MR {
+        out[r] = hsum(acc[r]);
+    }
+}
+
 #[inline(always)]
 unsafe fn tile<const F: u8, const MR: usize, const VNNI: bool>(
     wrow: &[u8],
@@ -276,6 +431,8 @@ unsafe fn tile<const F: u8, const MR: usize, const VNNI: bool>(
     out: &mut [f32],
 ) {
     match F {
+        Q4K if VNNI => tile_q4k_512::<MR>(wrow, acts, r0, out),
+        Q6K if VNNI => tile_q6k_512::<MR>(wrow, acts, r0, out),
         Q4K => tile_q4k::<MR>(wrow, acts, r0, out),
         Q6K => tile_q6k::<MR>(wrow, acts, r0, out),
         _ => tile32::<F, MR, VNNI>(wrow, acts, r0, out),
@@ -308,8 +465,8 @@ pub unsafe fn dot_rows_avx2<const F: u8>(
 }
 
 /// # Safety
-/// As `dot_rows_avx2`, and the CPU must have AVX-512 F, VL and VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+/// As `dot_rows_avx2`, and the CPU must have AVX-512 F, VL, BW and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn dot_rows_vnni<const F: u8>(
     wrow: &[u8],
     acts: &QuantizedActs,
