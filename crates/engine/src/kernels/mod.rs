@@ -334,6 +334,9 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         for (slot, block) in [(0usize, 32usize), (1, 256)] {
             if own.iter().any(|(f, _, _)| f.act_block() == block) {
                 acts[slot].quantize(x, m, k, block);
+                if block == 32 && isa == Isa::Avx512Vnni {
+                    acts[slot].spread();
+                }
             }
         }
         let acts = &*acts;

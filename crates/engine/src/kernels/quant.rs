@@ -25,6 +25,10 @@ pub struct QuantizedActs {
     pub ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
     pub bsums: Vec<i16>,
+    /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
+    /// over, then (in `spread_ds`) an eighth of `ds` eight times over. Filled by `spread`.
+    pub spread_d: Vec<f32>,
+    pub spread_ds: Vec<f32>,
 }
 
 impl QuantizedActs {
@@ -36,8 +40,9 @@ impl QuantizedActs {
         self.block = block;
         let nb = rows * k / block;
         self.q.resize(rows * k, 0);
-        self.d.resize(nb, 0.0);
-        self.ds.resize(rows * k / 32, 0.0);
+        // Padded so that a SIMD load of 16 floats at any block stays inside.
+        self.d.resize(nb + 16, 0.0);
+        self.ds.resize(rows * k / 32 + 16, 0.0);
         self.bsums.resize(rows * k / 16, 0);
         for (b, (xs, qs)) in x
             .chunks_exact(block)
@@ -58,6 +63,18 @@ impl QuantizedActs {
             for (g, grp) in qs.chunks_exact(16).enumerate() {
                 self.bsums[b * block / 16 + g] = grp.iter().map(|&v| v as i16).sum();
             }
+        }
+    }
+
+    /// Fills `spread_d` and `spread_ds` from `d` and `ds` (32-blocks).
+    pub fn spread(&mut self) {
+        debug_assert_eq!(self.block, 32);
+        let nb = self.rows * self.k / 32;
+        self.spread_d.resize(nb * 8, 0.0);
+        self.spread_ds.resize(nb * 8, 0.0);
+        for b in 0..nb {
+            self.spread_d[b * 8..b * 8 + 8].fill(self.d[b]);
+            self.spread_ds[b * 8..b * 8 + 8].fill(self.ds[b] * 0.125);
         }
     }
 

@@ -79,6 +79,7 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     wrow: &[u8],
     acts: &QuantizedActs,
     r0: usize,
+    first_block: usize,
     out: &mut [f32],
 ) {
     let bytes = match F {
@@ -91,7 +92,7 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     let mut acc = [_mm256_setzero_ps(); MR];
     let mut macc = [0f32; MR];
     let qbase = acts.q.as_ptr();
-    for b in 0..nb {
+    for b in first_block..nb {
         let blk = wrow.get_unchecked(b * bytes..(b + 1) * bytes);
         let p = blk.as_ptr();
         prefetch(p);
@@ -268,6 +269,124 @@ unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
     }
 }
 
+/// The 64 unsigned weights (or |w| for Q8_0) of blocks at `p` and `p + bytes`, and for Q8_0 the
+/// signs as a mask.
+#[inline(always)]
+unsafe fn unpack_pair<const F: u8>(p: *const u8, bytes: usize) -> (__m512i, __mmask64) {
+    let w = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(unpack_block::<F>(p)),
+        unpack_block::<F>(p.add(bytes)),
+    );
+    if F == Q8_0 {
+        (_mm512_abs_epi8(w), _mm512_movepi8_mask(w))
+    } else {
+        (w, 0)
+    }
+}
+
+/// The 32 weights of the block at `p` as bytes (unsigned, or signed for Q8_0).
+#[inline(always)]
+unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
+    match F {
+        Q4_0 => nibbles_16(p.add(2)),
+        Q4_1 => nibbles_16(p.add(4)),
+        Q5_0 => {
+            let qh = u32::from_le_bytes(*(p.add(2) as *const [u8; 4]));
+            let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles_16(p.add(6)), hi)
+        }
+        _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
+    }
+}
+
+/// Two f16 values at `p` and `p + stride` as sixteen floats: the first eight times, then the
+/// second.
+#[inline(always)]
+unsafe fn spread_f16(p: *const u8, stride: usize) -> __m512 {
+    let a = u32::from(u16::from_le_bytes(*(p as *const [u8; 2])));
+    let b = u32::from(u16::from_le_bytes(*(p.add(stride) as *const [u8; 2])));
+    let both = _mm512_cvtph_ps(_mm256_set1_epi32((a | (b << 16)) as i32));
+    let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(pick, both)
+}
+
+/// 32-element formats with 512-bit registers, two blocks per vector: lanes 0..8 hold the first
+/// block's partial sums, lanes 8..16 the second's, each scaled by its own weight and activation
+/// scale; the weight offset (Q4_0, Q4_1, Q5_0) is spread over the eight lanes of its block. The
+/// activation scales come pre-spread (`QuantizedActs::spread`), so a row costs one load and
+/// `vpdpbusd`, a convert, a multiply and one or two FMAs per 64 products.
+#[inline(always)]
+unsafe fn tile32_512<const F: u8, const MR: usize>(
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let bytes = match F {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 34,
+    };
+    let nb = wrow.len() / bytes;
+    let mut acc = [_mm512_setzero_ps(); MR];
+    let qbase = acts.q.as_ptr();
+    let (sd, sds) = (acts.spread_d.as_ptr(), acts.spread_ds.as_ptr());
+    let mut b = 0;
+    while b + 2 <= nb {
+        let p = wrow.as_ptr().add(b * bytes);
+        prefetch(p);
+        let (u, signs) = unpack_pair::<F>(p, bytes);
+        let wd = spread_f16(p, bytes);
+        // Offset per unit of activation sum (`spread_ds` holds an eighth of it per lane).
+        let off = match F {
+            Q4_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-8.0)),
+            Q4_1 => spread_f16(p.add(2), bytes),
+            Q5_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-16.0)),
+            _ => _mm512_setzero_ps(),
+        };
+        for r in 0..MR {
+            let bi = (r0 + r) * acts.k / 32 + b;
+            let mut x = _mm512_loadu_si512(qbase.add(bi * 32) as *const _);
+            if F == Q8_0 {
+                x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
+            }
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
+            let scale = _mm512_mul_ps(wd, _mm512_loadu_ps(sd.add(bi * 8)));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            if F != Q8_0 {
+                acc[r] = _mm512_fmadd_ps(off, _mm512_loadu_ps(sds.add(bi * 8)), acc[r]);
+            }
+        }
+        b += 2;
+    }
+    let mut tail = [0f32; MR];
+    if b < nb {
+        tile32::<F, MR, true>(wrow, acts, r0, b, &mut tail);
+    }
+    for r in 0..MR {
+        out[r] = _mm512_reduce_add_ps(acc[r]) + tail[r];
+    }
+}
+
+/// Permutation indices that spread 16-bit scales over 32 lanes, `LANES` lanes per scale: the
+/// `i`-th vector starts at scale `i * 32 / LANES`.
+#[inline(always)]
+unsafe fn scale_index<const LANES: usize>() -> [__m512i; 4] {
+    let mut v = [[0i16; 32]; 4];
+    for (i, row) in v.iter_mut().enumerate() {
+        for (l, x) in row.iter_mut().enumerate() {
+            *x = (i * 32 / LANES + l / LANES) as i16;
+        }
+    }
+    [
+        _mm512_loadu_si512(v[0].as_ptr() as *const _),
+        _mm512_loadu_si512(v[1].as_ptr() as *const _),
+        _mm512_loadu_si512(v[2].as_ptr() as *const _),
+        _mm512_loadu_si512(v[3].as_ptr() as *const _),
+    ]
+}
+
 /// Q4_K with 512-bit registers: each 64-byte load of packed nibbles becomes two vectors of 64
 /// weights in natural order, so one activation load, one `vpmaddubsw` and one `vpdpwssd` (scale
 /// applied and summed) cover 64 products per row.
@@ -284,14 +403,7 @@ unsafe fn tile_q4k_512<const MR: usize>(
     let qbase = acts.q.as_ptr();
     let low = _mm512_set1_epi8(0x0F);
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 4h + 2j + l / 16.
-    let index = |first: i16| {
-        let mut v = [0i16; 32];
-        for (l, x) in v.iter_mut().enumerate() {
-            *x = first + (l / 16) as i16;
-        }
-        _mm512_loadu_si512(v.as_ptr() as *const _)
-    };
-    let idx = [index(0), index(2), index(4), index(6)];
+    let idx = scale_index::<16>();
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
         prefetch(sb.as_ptr());
@@ -358,14 +470,7 @@ unsafe fn tile_q6k_512<const MR: usize>(
     let low = _mm512_set1_epi8(0x0F);
     let three = _mm512_set1_epi8(3);
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 8h + 4j + l / 8.
-    let index = |first: i16| {
-        let mut v = [0i16; 32];
-        for (l, x) in v.iter_mut().enumerate() {
-            *x = first + (l / 8) as i16;
-        }
-        _mm512_loadu_si512(v.as_ptr() as *const _)
-    };
-    let idx = [index(0), index(4), index(8), index(12)];
+    let idx = scale_index::<8>();
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
         prefetch(sb.as_ptr());
@@ -435,7 +540,8 @@ unsafe fn tile<const F: u8, const MR: usize, const VNNI: bool>(
         Q6K if VNNI => tile_q6k_512::<MR>(wrow, acts, r0, out),
         Q4K => tile_q4k::<MR>(wrow, acts, r0, out),
         Q6K => tile_q6k::<MR>(wrow, acts, r0, out),
-        _ => tile32::<F, MR, VNNI>(wrow, acts, r0, out),
+        _ if VNNI => tile32_512::<F, MR>(wrow, acts, r0, out),
+        _ => tile32::<F, MR, VNNI>(wrow, acts, r0, 0, out),
     }
 }
 
