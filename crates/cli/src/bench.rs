@@ -27,8 +27,13 @@ pub struct ForwardArgs {
     /// Timed repetitions of each pass size (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub repeats: usize,
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Length of the prompt whose prefill is timed.
+    #[arg(long, default_value_t = 1024)]
+    pub prefill_tokens: usize,
+    /// Thread counts to measure, comma-separated (default: 1 and all cores). Each count runs in
+    /// its own process, one after the other.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
     #[arg(long)]
     pub json: bool,
 }
@@ -48,27 +53,97 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn forward(a: ForwardArgs) -> anyhow::Result<()> {
-    let threads = crate::init_threads(a.threads)?;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut counts = if a.threads.is_empty() {
+        vec![1, cores]
+    } else {
+        a.threads.clone()
+    };
+    counts.dedup();
+    if let Some(0) = counts.iter().copied().min() {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    let runs = if let [n] = counts[..] {
+        vec![forward_one(&a, n)?]
+    } else {
+        // The thread pool is set once per process: measure each count in a child process.
+        let exe = std::env::current_exe()?;
+        let mut runs = Vec::new();
+        for n in &counts {
+            let out = std::process::Command::new(&exe)
+                .args(["bench", "forward", "--json", "--model", &a.model])
+                .args(["--context", &a.context.to_string()])
+                .args(["--repeats", &a.repeats.to_string()])
+                .args(["--prefill-tokens", &a.prefill_tokens.to_string()])
+                .args(["--threads", &n.to_string()])
+                .stderr(std::process::Stdio::inherit())
+                .output()?;
+            if !out.status.success() {
+                anyhow::bail!("bench forward with {n} threads failed");
+            }
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+            runs.extend(v["runs"].as_array().cloned().unwrap_or_default());
+        }
+        runs
+    };
+    let (model, path) = (runs[0]["model"].clone(), runs[0]["model_path"].clone());
+    if a.json {
+        let v = json!({"model": model, "model_path": path, "runs": runs});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("model {}", model.as_str().unwrap_or("?"));
+    for r in &runs {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{} threads ({} tokens in cache):",
+            r["threads"], r["context"]
+        );
+        for p in r["passes"].as_array().into_iter().flatten() {
+            println!(
+                "  pass over {:>2} tokens: {:8.2} ms  ({:.2}x one token)",
+                p["tokens"],
+                p["ms"].as_f64().unwrap_or(f64::NAN),
+                p["ratio_to_one"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        println!(
+            "  decode: {:.1} tokens/s = {:.0}% of the bandwidth bound ({:.1} tokens/s at {:.1} GB/s)",
+            f("decode_tokens_per_s"),
+            100.0 * f("decode_fraction_of_bound"),
+            f("bandwidth_bound_tokens_per_s"),
+            f("bandwidth_gb_s")
+        );
+        println!(
+            "  prefill of {} tokens: {:.1} tokens/s",
+            r["prefill_tokens"],
+            f("prefill_tokens_per_s")
+        );
+    }
+    Ok(())
+}
+
+/// Every figure at one thread count, in this process.
+fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<serde_json::Value> {
+    let threads = crate::init_threads(Some(threads))?;
     let lm = crate::load_model(&a.model)?;
     let model = &lm.model;
     let sizes = [1usize, 2, 4, 8, 16];
-    let capacity = a.context + 64 + 16;
+    let capacity = (a.context + 64 + 16).max(a.prefill_tokens + 1);
     if capacity > model.config.context_len {
         anyhow::bail!(
-            "--context {} does not fit the model's context of {}",
+            "--context {} / --prefill-tokens {} do not fit the model's context of {}",
             a.context,
+            a.prefill_tokens,
             model.config.context_len
         );
     }
     // A realistic cache: real text repeated to the wanted length.
     let text = "The quick brown fox jumps over the lazy dog. fn main() { println!(\"hello\"); } ";
     let seed_ids = lm.tokenizer.encode(text)?;
-    let tokens: Vec<u32> = seed_ids
-        .iter()
-        .cycle()
-        .take(a.context + 64 + 16)
-        .copied()
-        .collect();
+    let tokens: Vec<u32> = seed_ids.iter().cycle().take(capacity).copied().collect();
     let mut cache = model.new_cache(capacity);
     let prefill = |cache: &mut engine::kv_cache::KvCache, toks: &[u32]| -> anyhow::Result<()> {
         for chunk in toks.chunks(engine::generate::PREFILL_CHUNK) {
@@ -80,6 +155,11 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
+    // Prefill of a long prompt into an empty cache, as generation does it (chunked).
+    let t = Instant::now();
+    prefill(&mut cache, &tokens[..a.prefill_tokens])?;
+    let prefill_tps = a.prefill_tokens as f64 / t.elapsed().as_secs_f64();
+    cache.truncate(0);
     prefill(&mut cache, &tokens[..a.context])?;
     let mut passes = Vec::new();
     for &n in &sizes {
@@ -111,29 +191,24 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         }])?;
     }
     let decode_tps = decode_steps as f64 / t.elapsed().as_secs_f64();
+    // The bound: a streaming read over twice the model's weights (at least 1 GiB, past any cache).
+    let weight_bytes = model.weight_bytes_per_token();
+    let gb_s = engine::kernels::read_bandwidth((2 * weight_bytes).max(1 << 30));
+    let bound = gb_s * 1e9 / weight_bytes as f64;
     let one = passes[0].1;
-    if a.json {
-        let v = json!({
-            "model": lm.name,
-            "model_path": lm.path,
-            "threads": threads,
-            "context": a.context,
-            "passes": passes.iter().map(|(n, ms)| json!({"tokens": n, "ms": ms, "ratio_to_one": ms / one})).collect::<Vec<_>>(),
-            "decode_tokens_per_s": decode_tps,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        println!(
-            "model {} ({} threads, {} tokens in cache)",
-            lm.name, threads, a.context
-        );
-        for (n, ms) in &passes {
-            println!(
-                "  pass over {n:>2} tokens: {ms:8.2} ms  ({:.2}x one token)",
-                ms / one
-            );
-        }
-        println!("  decode: {decode_tps:.1} tokens/s");
-    }
-    Ok(())
+    Ok(json!({
+        "model": lm.name,
+        "model_path": lm.path,
+        "threads": threads,
+        "isa": format!("{:?}", engine::kernels::isa()),
+        "context": a.context,
+        "passes": passes.iter().map(|(n, ms)| json!({"tokens": n, "ms": ms, "ratio_to_one": ms / one})).collect::<Vec<_>>(),
+        "decode_tokens_per_s": decode_tps,
+        "prefill_tokens": a.prefill_tokens,
+        "prefill_tokens_per_s": prefill_tps,
+        "weight_bytes_per_token": weight_bytes,
+        "bandwidth_gb_s": gb_s,
+        "bandwidth_bound_tokens_per_s": bound,
+        "decode_fraction_of_bound": decode_tps / bound,
+    }))
 }

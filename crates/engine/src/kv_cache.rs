@@ -60,16 +60,16 @@ impl KvCache {
         self.values[o..o + self.kv_dim].copy_from_slice(value);
     }
 
-    #[inline]
-    pub(crate) fn key(&self, layer: usize, pos: usize, head: usize, hd: usize) -> &[f32] {
-        let o = self.offset(layer, pos) + head * hd;
-        &self.keys[o..o + hd]
+    /// Keys and values of one layer from position 0 on, starting at head `head` (`hd` wide):
+    /// position t's head is `[t * kv_dim..][..hd]`.
+    pub(crate) fn layer_head(&self, layer: usize, head: usize, hd: usize) -> (&[f32], &[f32]) {
+        let o = self.offset(layer, 0) + head * hd;
+        let end = self.offset(layer, 0) + self.capacity * self.kv_dim;
+        (&self.keys[o..end], &self.values[o..end])
     }
 
-    #[inline]
-    pub(crate) fn value(&self, layer: usize, pos: usize, head: usize, hd: usize) -> &[f32] {
-        let o = self.offset(layer, pos) + head * hd;
-        &self.values[o..o + hd]
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
     }
 }
 
@@ -86,10 +86,14 @@ mod tests {
         c.set_len(5);
         c.truncate(3);
         assert_eq!(c.len(), 3);
-        assert_eq!(c.key(1, 2, 0, 4), &[2.0; 4]);
+        let key = |c: &KvCache, pos: usize, head: usize, hd: usize| {
+            c.layer_head(1, head, hd).0[pos * 4..pos * 4 + hd].to_vec()
+        };
+        assert_eq!(key(&c, 2, 0, 4), [2.0; 4]);
+        assert_eq!(c.layer_head(1, 0, 4).1[2 * 4..3 * 4], [-2.0; 4]);
         c.write(1, 3, &[9.0; 4], &[9.0; 4]);
         c.set_len(4);
-        assert_eq!(c.key(1, 3, 1, 2), &[9.0; 2]);
+        assert_eq!(key(&c, 3, 1, 2), [9.0; 2]);
         c.truncate(10);
         assert_eq!(c.len(), 4, "truncate never grows");
     }

@@ -209,6 +209,28 @@ impl Model {
         })
     }
 
+    /// Bytes of weights one decode step reads: every layer matrix and the output head (the
+    /// embedding table contributes one row). Divided into the memory bandwidth, the fastest a
+    /// bandwidth-bound decode can go.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let size = |m: &QMatrix| m.bytes.as_slice().len();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let (a, f) = (&l.attn, &l.mlp);
+                size(&a.wq)
+                    + size(&a.wk)
+                    + size(&a.wv)
+                    + size(&a.wo)
+                    + size(&f.gate)
+                    + size(&f.up)
+                    + size(&f.down)
+            })
+            .sum();
+        layers + size(&self.output) + size(&self.token_embd) / self.token_embd.rows.max(1)
+    }
+
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
@@ -297,25 +319,18 @@ impl Model {
                 let cache = caches[row_item[r]];
                 let len = row_pos[r] + 1;
                 let q0 = r * qd + kvh * group * hd;
-                scores.clear();
-                scores.resize(group * len, 0.0);
-                for t in 0..len {
-                    let key = cache.key(li, t, kvh, hd);
-                    for g in 0..group {
-                        scores[g * len + t] =
-                            kernels::dot(&q[q0 + g * hd..q0 + (g + 1) * hd], key) * scale;
-                    }
-                }
-                for g in 0..group {
-                    kernels::softmax(&mut scores[g * len..(g + 1) * len]);
-                }
-                out.fill(0.0);
-                for t in 0..len {
-                    let value = cache.value(li, t, kvh, hd);
-                    for g in 0..group {
-                        kernels::axpy(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
-                    }
-                }
+                let (keys, values) = cache.layer_head(li, kvh, hd);
+                kernels::attend(
+                    &q[q0..q0 + group * hd],
+                    keys,
+                    values,
+                    cache.kv_dim(),
+                    hd,
+                    len,
+                    scale,
+                    scores,
+                    out,
+                );
             };
             // Threads pay off once there are enough (row, head, position) triples.
             let work: usize = row_pos.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
@@ -325,8 +340,11 @@ impl Model {
                     .enumerate()
                     .for_each(|job| attend(&mut scores, job));
             } else {
+                thread_local! {
+                    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+                }
                 kernels::par_chunks_mut(&mut att, group * hd, &|job, out| {
-                    attend(&mut Vec::new(), (job, out));
+                    SCORES.with(|s| attend(&mut s.borrow_mut(), (job, out)));
                 });
             }
             kernels::matmul(&att, n, &a.wo, &mut proj);

@@ -230,6 +230,34 @@ pub fn par_chunks_mut(data: &mut [f32], chunk: usize, f: &(dyn Fn(usize, &mut [f
     });
 }
 
+/// Streaming-read bandwidth in GB/s: the best of a few passes over a buffer of `bytes` (make it
+/// larger than the last-level cache), split over the pool's threads as the matmuls are. This is
+/// what a decode step, which reads every weight once, can get at best.
+pub fn read_bandwidth(bytes: usize) -> f64 {
+    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let pool = pool::global();
+    let pieces = pool.threads() * 16;
+    let piece = words.len().div_ceil(pieces);
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let start = std::time::Instant::now();
+        pool.run(pieces, &|i| {
+            let lo = (i * piece).min(words.len());
+            let hi = ((i + 1) * piece).min(words.len());
+            // Eight independent sums so that the loop is bound by loads, not by one add chain.
+            let mut acc = [0u64; 8];
+            for c in words[lo..hi].chunks_exact(8) {
+                for (a, w) in acc.iter_mut().zip(c) {
+                    *a = a.wrapping_add(*w);
+                }
+            }
+            std::hint::black_box(acc);
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (words.len() * 8) as f64 / best / 1e9
+}
+
 /// Which implementation of the quantized dot products runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -527,6 +555,71 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
+    }
+}
+
+/// Attention of the `q.len() / hd` query heads in `q` that share one key/value head, over `len`
+/// cached positions: key `t` is `keys[t * stride..][..hd]`, value `t` likewise. `scores` is
+/// scratch; `out` gets one `hd`-long output per query head.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    hd: usize,
+    len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let group = q.len() / hd;
+    assert!(hd > 0 && len > 0 && group * hd == q.len() && out.len() == q.len());
+    let span = (len - 1) * stride + hd;
+    assert!(
+        keys.len() >= span && values.len() >= span,
+        "cache too short"
+    );
+    scores.clear();
+    scores.resize(group * len, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && hd % 8 == 0 {
+        // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; every key and value read lies
+        // inside the checked span.
+        return unsafe { x86::attend_avx2(q, keys, values, stride, hd, len, scale, scores, out) };
+    }
+    attend_scalar(q, keys, values, stride, hd, len, scale, scores, out)
+}
+
+/// The plain version of `attend`, one `dot` and one `axpy` per head and position.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_scalar(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    hd: usize,
+    len: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let group = q.len() / hd;
+    for t in 0..len {
+        let key = &keys[t * stride..t * stride + hd];
+        for g in 0..group {
+            scores[g * len + t] = dot_scalar(&q[g * hd..(g + 1) * hd], key) * scale;
+        }
+    }
+    for g in 0..group {
+        softmax(&mut scores[g * len..(g + 1) * len]);
+    }
+    out.fill(0.0);
+    for t in 0..len {
+        let value = &values[t * stride..t * stride + hd];
+        for g in 0..group {
+            axpy_scalar(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
+        }
     }
 }
 

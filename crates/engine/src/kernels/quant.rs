@@ -26,9 +26,8 @@ pub struct QuantizedActs {
     /// Sums of each 16 integers (256-blocks).
     pub bsums: Vec<i16>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
-    /// over, then (in `spread_ds`) an eighth of `ds` eight times over. Filled by `spread`.
+    /// over. Filled by `spread`.
     pub spread_d: Vec<f32>,
-    pub spread_ds: Vec<f32>,
 }
 
 impl QuantizedActs {
@@ -66,15 +65,13 @@ impl QuantizedActs {
         }
     }
 
-    /// Fills `spread_d` and `spread_ds` from `d` and `ds` (32-blocks).
+    /// Fills `spread_d` from `d` (32-blocks).
     pub fn spread(&mut self) {
         debug_assert_eq!(self.block, 32);
         let nb = self.rows * self.k / 32;
         self.spread_d.resize(nb * 8, 0.0);
-        self.spread_ds.resize(nb * 8, 0.0);
         for b in 0..nb {
             self.spread_d[b * 8..b * 8 + 8].fill(self.d[b]);
-            self.spread_ds[b * 8..b * 8 + 8].fill(self.ds[b] * 0.125);
         }
     }
 

@@ -238,3 +238,87 @@ fn q4k_scales_and_mins_unpack_bytewise() {
         }
     }
 }
+
+/// Attention over a strided cache equals the plain version, for awkward head sizes and groups.
+#[test]
+fn attention_matches_the_scalar_reference() {
+    for &(hd, group, len, stride) in &[
+        (64usize, 3usize, 37usize, 192usize),
+        (40, 7, 5, 80),
+        (128, 1, 1, 256),
+        (13, 2, 9, 13),
+    ] {
+        let q = random_vec(group * hd, hd as u64);
+        let keys = random_vec((len - 1) * stride + hd, 11 + len as u64);
+        let values = random_vec((len - 1) * stride + hd, 12 + len as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = vec![0f32; group * len];
+        let mut want = vec![0f32; group * hd];
+        attend_scalar(
+            &q,
+            &keys,
+            &values,
+            stride,
+            hd,
+            len,
+            scale,
+            &mut scores,
+            &mut want,
+        );
+        let mut got = vec![0f32; group * hd];
+        attend(
+            &q,
+            &keys,
+            &values,
+            stride,
+            hd,
+            len,
+            scale,
+            &mut Vec::new(),
+            &mut got,
+        );
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "hd {hd} group {group} len {len} [{i}]: {a} vs {b}"
+            );
+        }
+        // Each output is a convex combination of the values: within their range.
+        let (lo, hi) = values
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
+        assert!(got.iter().all(|v| *v >= lo - 1e-5 && *v <= hi + 1e-5));
+    }
+}
+
+/// Rows long enough that the 32-element kernels apply weight offsets in several runs of blocks
+/// (and an odd block count, so the last block is handled on its own).
+#[test]
+fn long_rows_match_the_scalar_reference() {
+    for (ti, &dtype) in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (rows, cols, m) = (3, 32 * 601, 2);
+        let w = random_vec(rows * cols, 500 + ti as u64);
+        let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
+        let x = random_vec(m * cols, 600 + ti as u64);
+        let mut scalar = vec![0f32; m * rows];
+        matmul_with(Isa::Scalar, &x, m, &mat, &mut scalar);
+        for isa in Isa::available() {
+            let mut out = vec![0f32; m * rows];
+            matmul_with(isa, &x, m, &mat, &mut out);
+            for (a, s) in out.iter().zip(&scalar) {
+                assert!(
+                    (a - s).abs() <= 1e-4 * s.abs().max(1.0),
+                    "{isa:?} {dtype:?}: {a} vs {s}"
+                );
+            }
+        }
+    }
+}
