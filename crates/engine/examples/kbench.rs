@@ -1,6 +1,6 @@
 //! Throughput of the quantized matmul on a matrix larger than the caches, at m = 1, 4 and 8 rows,
 //! every implementation the CPU has side by side, runs interleaved so that machine noise hits all
-//! alike (developer tool): `cargo run --release --example kbench -- THREADS`.
+//! alike (developer tool): `cargo run --release --example kbench -- THREADS [FORMAT [M]]`.
 use candle_core::quantized::GgmlDType;
 use engine::kernels::*;
 use std::time::Instant;
@@ -14,6 +14,8 @@ fn main() {
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
+    let only_format = std::env::args().nth(2);
+    let only_m: Option<usize> = std::env::args().nth(3).map(|s| s.parse().unwrap());
     let isas = Isa::available();
     println!("{threads} threads; fastest of 9 runs in ms (GB/s of weights read)");
     println!("format m {isas:?}");
@@ -25,9 +27,18 @@ fn main() {
         GgmlDType::Q4_1,
         GgmlDType::Q5_0,
     ] {
+        if only_format
+            .as_ref()
+            .is_some_and(|f| *f != format!("{dtype:?}"))
+        {
+            continue;
+        }
         let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
         let bytes = mat.bytes.as_slice().len();
         for m in [1usize, 4, 8] {
+            if only_m.is_some_and(|o| o != m) {
+                continue;
+            }
             let x = vec![0.3f32; m * cols];
             let mut out = vec![0f32; m * rows];
             let mut best = vec![f64::INFINITY; isas.len()];

@@ -49,6 +49,10 @@ pub struct GenerationConfig {
     /// Send only as many drafted tokens as are expected to pay for their verification (estimated
     /// from the acceptance so far and the measured pass cost); false sends every proposed token.
     pub adaptive_draft: bool,
+    /// Record each generated token's log-probability under the model (before temperature and
+    /// the other sampling settings), with this many of the most likely alternatives; `None`
+    /// records nothing.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerationConfig {
@@ -63,6 +67,7 @@ impl Default for GenerationConfig {
             match_policy: MatchPolicy::default(),
             stop: Vec::new(),
             adaptive_draft: true,
+            logprobs: None,
         }
     }
 }
@@ -167,6 +172,10 @@ pub struct Sequence {
     /// Output text, stop strings removed; `text[..released]` has been handed out.
     text: String,
     released: usize,
+    /// Log-probabilities of the generated tokens (when asked for); `logprobs[..lp_released]`
+    /// have been handed out.
+    logprobs: Vec<TokenLogprob>,
+    lp_released: usize,
     pub stats: SpecStats,
     pub prefill_time: Duration,
     pub decode_time: Duration,
@@ -226,6 +235,8 @@ impl Sequence {
             stream: TextStream::default(),
             text: String::new(),
             released: 0,
+            logprobs: Vec::new(),
+            lp_released: 0,
             stats: SpecStats::default(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
@@ -288,8 +299,20 @@ impl Sequence {
         out
     }
 
-    /// Appends one emitted token; returns false once the sequence has finished.
-    fn emit(&mut self, tok: &Tokenizer, token: u32) -> bool {
+    /// Log-probabilities recorded since the last call (empty unless the config asks for them).
+    pub fn take_new_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let out = self.logprobs[self.lp_released..].to_vec();
+        self.lp_released = self.logprobs.len();
+        out
+    }
+
+    /// Appends one emitted token predicted by logits row `row`; returns false once the sequence
+    /// has finished.
+    fn emit(&mut self, tok: &Tokenizer, token: u32, row: &[f32]) -> bool {
+        if let (Some(top), false) = (self.config.logprobs, tok.is_end(token)) {
+            self.logprobs
+                .push(TokenLogprob::from_logits(row, token, top));
+        }
         self.tokens.push(token);
         if let Some(index) = self.index.as_mut() {
             index.push(token);
@@ -433,7 +456,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     &seq.config.sampling,
                     &mut seq.rng,
                 );
-                seq.emit(tok, verdict.tokens[0]);
+                seq.emit(tok, verdict.tokens[0], last_row);
             }
             Phase::Decode(_) => {
                 seq.decode_time += elapsed;
@@ -471,9 +494,9 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     seq.draft_length
                         .observe_cost(toks.len(), elapsed.as_secs_f64());
                 }
-                for &t in &verdict.tokens {
+                for (j, &t) in verdict.tokens.iter().enumerate() {
                     seq.stats.decode_tokens += 1;
-                    if !seq.emit(tok, t) {
+                    if !seq.emit(tok, t, &rows[j * vocab..(j + 1) * vocab]) {
                         break;
                     }
                 }
@@ -484,11 +507,46 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
     Ok(())
 }
 
+/// A generated token's log-probability, and the most likely tokens at its position.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// From the logits row that predicted `token`: a log-softmax over the whole vocabulary.
+    pub fn from_logits(logits: &[f32], token: u32, top: usize) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let norm = max + sum.ln() as f32;
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if best.len() < top || l > best[best.len() - 1].1 {
+                    let at = best.partition_point(|&(_, b)| b >= l);
+                    best.insert(at, (i as u32, l));
+                    best.truncate(top);
+                }
+            }
+        }
+        TokenLogprob {
+            token,
+            logprob: logits[token as usize] - norm,
+            top: best.into_iter().map(|(i, l)| (i, l - norm)).collect(),
+        }
+    }
+}
+
 /// Everything a finished generation reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenerationOutput {
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// Per generated token, when `GenerationConfig::logprobs` asked for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
     pub prompt_token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub stats: SpecStats,
@@ -523,6 +581,7 @@ impl Sequence {
         GenerationOutput {
             text: self.text,
             token_ids: self.tokens[self.prompt_len..].to_vec(),
+            logprobs: self.logprobs,
             prompt_token_ids: self.tokens[..self.prompt_len].to_vec(),
             finish_reason: match self.phase {
                 Phase::Finished(r) => r,

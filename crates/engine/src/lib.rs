@@ -18,6 +18,7 @@ pub use chat::{ChatTemplate, Message};
 pub use error::{EngineError, Result};
 pub use generate::{
     generate, step, FinishReason, GenerationConfig, GenerationOutput, Sequence, SpecStats,
+    TokenLogprob,
 };
 pub use model::{Config, Model};
 pub use sampling::SamplingParams;

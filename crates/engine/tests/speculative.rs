@@ -181,6 +181,40 @@ fn edge_cases_end_where_plain_decoding_ends() {
     assert!(code.len() + spec.token_ids.len() <= ctx);
 }
 
+/// Log-probabilities come from the logit row that predicted each token; a verification pass
+/// computes each row exactly as a single-token pass would, so speculative and plain decoding report
+/// the same numbers, bit for bit.
+#[test]
+fn logprobs_are_identical_with_and_without_speculation() {
+    let lm = model("smollm2-135m");
+    let prompt = grounded_prompt(&lm, "code_edit");
+    let with_logprobs = |k: usize| GenerationConfig {
+        logprobs: Some(3),
+        ..greedy(32, k, 1, 3)
+    };
+    let plain = run(&lm, &prompt, with_logprobs(0), 4096);
+    let spec = run(&lm, &prompt, with_logprobs(8), 4096);
+    assert_same("smollm2-135m", "logprobs", &plain, &spec);
+    assert!(spec.stats.accepted_tokens > 0, "drafts were accepted");
+    assert_eq!(plain.logprobs, spec.logprobs);
+    let ended_by_eos = plain.finish_reason == FinishReason::Stop;
+    assert_eq!(
+        plain.logprobs.len() + usize::from(ended_by_eos),
+        plain.token_ids.len(),
+        "one entry per generated token (the end-of-turn token has none)"
+    );
+    for (lp, &t) in plain.logprobs.iter().zip(&plain.token_ids) {
+        assert_eq!(lp.token, t);
+        assert!(lp.logprob <= 0.0);
+        assert_eq!(lp.top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp.top[0], (t, lp.logprob));
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let mass: f32 = lp.top.iter().map(|(_, p)| p.exp()).sum();
+        assert!(mass <= 1.0 + 1e-4);
+    }
+}
+
 #[test]
 fn seeded_sampling_is_reproducible_with_and_without_speculation() {
     let lm = model("smollm2-135m");

@@ -13,7 +13,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use engine::{FinishReason, GenerationConfig, Message, SamplingParams};
+use engine::{FinishReason, GenerationConfig, LoadedModel, Message, SamplingParams, TokenLogprob};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -194,7 +194,13 @@ struct Common {
     prompt_lookup_max: Option<usize>,
     prompt_lookup_min: Option<usize>,
     speculative_config: Option<SpeculativeConfig>,
+    /// Chat: true or false (with `top_logprobs`); text completions: the number of alternatives.
+    logprobs: Option<Value>,
+    top_logprobs: Option<usize>,
 }
+
+/// The most alternatives per token a request may ask for (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
 
 #[derive(Deserialize)]
 struct ChatRequest {
@@ -231,7 +237,52 @@ fn parse<T: serde::de::DeserializeOwned>(
 
 impl Common {
     /// Checks the fields and builds the generation settings (the prompt length is known).
-    fn config(&self, state: &AppState, prompt_len: usize) -> Result<GenerationConfig, ApiError> {
+    /// The `logprobs` setting: `None` for none, or the number of alternatives per token.
+    fn logprobs(&self, kind: Kind) -> Result<Option<usize>, ApiError> {
+        let top = match (kind, &self.logprobs) {
+            (_, None | Some(Value::Null)) | (Kind::Chat, Some(Value::Bool(false))) => {
+                if self.top_logprobs.is_some_and(|t| t > 0) {
+                    return Err(ApiError::bad_request(
+                        "top_logprobs requires logprobs to be true",
+                        Some("top_logprobs"),
+                    ));
+                }
+                return Ok(None);
+            }
+            (Kind::Chat, Some(Value::Bool(true))) => self.top_logprobs.unwrap_or(0),
+            (Kind::Text, Some(v)) if v.is_u64() => v.as_u64().unwrap_or(0) as usize,
+            (Kind::Chat, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "logprobs must be a boolean",
+                    Some("logprobs"),
+                ))
+            }
+            (Kind::Text, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "logprobs must be a non-negative integer",
+                    Some("logprobs"),
+                ))
+            }
+        };
+        if top > MAX_TOP_LOGPROBS {
+            return Err(ApiError::bad_request(
+                format!("at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {top}"),
+                Some(if kind == Kind::Chat {
+                    "top_logprobs"
+                } else {
+                    "logprobs"
+                }),
+            ));
+        }
+        Ok(Some(top))
+    }
+
+    fn config(
+        &self,
+        state: &AppState,
+        prompt_len: usize,
+        kind: Kind,
+    ) -> Result<GenerationConfig, ApiError> {
         if self.model != state.config.model_name && self.model != state.lm.name {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -330,6 +381,7 @@ impl Common {
             match_policy: d.policy,
             stop,
             adaptive_draft: d.adaptive,
+            logprobs: self.logprobs(kind)?,
         };
         config
             .validate()
@@ -380,7 +432,7 @@ async fn chat_completions(
             .tokenizer
             .encode_prompt(&prompt)
             .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-        let config = req.common.config(&state, ids.len())?;
+        let config = req.common.config(&state, ids.len(), Kind::Chat)?;
         Ok(respond(&state, ids, config, &req.common, Kind::Chat).await)
     }
     .await;
@@ -416,7 +468,7 @@ async fn completions(
                 Some("prompt"),
             ));
         }
-        let config = req.common.config(&state, ids.len())?;
+        let config = req.common.config(&state, ids.len(), Kind::Text)?;
         Ok(respond(&state, ids, config, &req.common, Kind::Text).await)
     }
     .await;
@@ -432,7 +484,7 @@ fn finish(state: &AppState, result: Result<Response, ApiError>) -> Response {
     response
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
     Chat,
     Text,
@@ -453,6 +505,7 @@ async fn respond(
     common: &Common,
     kind: Kind,
 ) -> Response {
+    let config_logprobs = config.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         prompt: ids,
@@ -490,15 +543,17 @@ async fn respond(
         model: state.config.model_name.clone(),
         object,
         kind,
+        lm: state.lm.clone(),
     };
+    let logprobs = config_logprobs;
     if common.stream {
         let usage = common
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        stream_response(meta, rx, usage).into_response()
+        stream_response(meta, rx, usage, logprobs).into_response()
     } else {
-        whole_response(meta, rx).await
+        whole_response(meta, rx, logprobs).await
     }
 }
 
@@ -508,17 +563,70 @@ struct Meta {
     model: String,
     object: &'static str,
     kind: Kind,
+    lm: Arc<LoadedModel>,
+}
+
+impl Meta {
+    /// Log-probabilities in the response's shape: chat's `{"content": [...]}` or the text
+    /// completion's parallel lists (`text_offset` counts from `offset`). `None` when the request
+    /// did not ask for them.
+    fn logprobs(&self, lps: Option<&[TokenLogprob]>, offset: usize) -> Value {
+        let Some(lps) = lps else {
+            return Value::Null;
+        };
+        let tok = &self.lm.tokenizer;
+        let text = |id: u32| String::from_utf8_lossy(tok.token_bytes(id)).into_owned();
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| json!({"token": text(id), "logprob": lp, "bytes": tok.token_bytes(id)});
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        let mut e = entry(l.token, l.logprob);
+                        e["top_logprobs"] = l.top.iter().map(|&(t, p)| entry(t, p)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Text => {
+                let mut at = offset;
+                let mut offsets = Vec::with_capacity(lps.len());
+                for l in lps {
+                    offsets.push(at);
+                    at += text(l.token).len();
+                }
+                json!({
+                    "tokens": lps.iter().map(|l| text(l.token)).collect::<Vec<_>>(),
+                    "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": lps
+                        .iter()
+                        .map(|l| l.top.iter().map(|&(t, p)| (text(t), json!(p))).collect::<serde_json::Map<_, _>>())
+                        .collect::<Vec<_>>(),
+                    "text_offset": offsets,
+                })
+            }
+        }
+    }
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
-async fn whole_response(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+async fn whole_response(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    logprobs: bool,
+) -> Response {
     let mut text = String::new();
+    let mut lps = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text { text: t, logprobs } => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
             Event::Failed(m) => {
                 return ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -534,18 +642,19 @@ async fn whole_response(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> R
                 prompt_tokens,
                 completion_tokens,
             } => {
+                let lp = meta.logprobs(logprobs.then_some(&lps[..]), 0);
                 let choice = match meta.kind {
                     Kind::Chat => json!({
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": finish_reason(reason),
-                        "logprobs": null,
+                        "logprobs": lp,
                     }),
                     Kind::Text => json!({
                         "index": 0,
                         "text": text,
                         "finish_reason": finish_reason(reason),
-                        "logprobs": null,
+                        "logprobs": lp,
                     }),
                 };
                 return Json(json!({
@@ -574,6 +683,7 @@ fn stream_response(
     meta: Meta,
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
+    logprobs: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let object = match meta.kind {
         Kind::Chat => "chat.completion.chunk",
@@ -582,7 +692,8 @@ fn stream_response(
     let chunk = move |meta: &Meta,
                       delta: Option<&str>,
                       reason: Option<&str>,
-                      role: bool|
+                      role: bool,
+                      lp: Value|
           -> Value {
         let choice = match meta.kind {
             Kind::Chat => {
@@ -593,31 +704,33 @@ fn stream_response(
                 if let Some(t) = delta {
                     d.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": d, "finish_reason": reason, "logprobs": null})
+                json!({"index": 0, "delta": d, "finish_reason": reason, "logprobs": lp})
             }
             Kind::Text => {
-                json!({"index": 0, "text": delta.unwrap_or(""), "finish_reason": reason, "logprobs": null})
+                json!({"index": 0, "text": delta.unwrap_or(""), "finish_reason": reason, "logprobs": lp})
             }
         };
         json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [choice]})
     };
-    // State: (receiver, meta, sent the opening chunk, done).
-    let s = stream::unfold((rx, meta, false, false), move |(mut rx, meta, opened, done)| async move {
+    // State: (receiver, meta, sent the opening chunk, done, text sent so far in bytes).
+    let s = stream::unfold((rx, meta, false, false, 0usize), move |(mut rx, meta, opened, done, sent)| async move {
         if done {
             return None;
         }
         let data = |v: Value| Ok::<_, Infallible>(SseEvent::default().data(v.to_string()));
         if !opened && meta.kind == Kind::Chat {
-            let first = chunk(&meta, Some(""), None, true);
-            return Some((vec![data(first)], (rx, meta, true, false)));
+            let first = chunk(&meta, Some(""), None, true, Value::Null);
+            return Some((vec![data(first)], (rx, meta, true, false, sent)));
         }
         match rx.recv().await {
-            Some(Event::Text(t)) => {
-                let c = chunk(&meta, Some(&t), None, false);
-                Some((vec![data(c)], (rx, meta, true, false)))
+            Some(Event::Text { text, logprobs: lps }) => {
+                let lp = meta.logprobs(logprobs.then_some(&lps[..]), sent);
+                let c = chunk(&meta, Some(&text), None, false, lp);
+                let sent = sent + text.len();
+                Some((vec![data(c)], (rx, meta, true, false, sent)))
             }
             Some(Event::Finished { reason, prompt_tokens, completion_tokens }) => {
-                let mut out = vec![data(chunk(&meta, None, Some(finish_reason(reason)), false))];
+                let mut out = vec![data(chunk(&meta, None, Some(finish_reason(reason)), false, Value::Null))];
                 if include_usage {
                     out.push(data(json!({
                         "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
@@ -625,11 +738,11 @@ fn stream_response(
                     })));
                 }
                 out.push(Ok(SseEvent::default().data("[DONE]")));
-                Some((out, (rx, meta, true, true)))
+                Some((out, (rx, meta, true, true, sent)))
             }
             Some(Event::Failed(m)) => {
                 let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
-                Some((vec![data(err), Ok(SseEvent::default().data("[DONE]"))], (rx, meta, true, true)))
+                Some((vec![data(err), Ok(SseEvent::default().data("[DONE]"))], (rx, meta, true, true, sent)))
             }
             None => None,
         }

@@ -23,7 +23,11 @@ const ROW_BUDGET: usize = 16;
 /// What the engine loop sends back for one request.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    /// New output text, and the log-probabilities of the tokens behind it (when asked for).
+    Text {
+        text: String,
+        logprobs: Vec<engine::TokenLogprob>,
+    },
     Finished {
         reason: FinishReason,
         prompt_tokens: usize,
@@ -156,8 +160,12 @@ fn engine_loop(
                     .observe((now - r.arrived).as_secs_f64());
             }
             let text = r.seq.take_new_text();
-            if !text.is_empty() {
-                let _ = r.events.send(Event::Text(text));
+            // Log-probabilities go out with the text they belong to, the rest at the end.
+            if !text.is_empty() || r.seq.finish_reason().is_some() {
+                let logprobs = r.seq.take_new_logprobs();
+                if !text.is_empty() || !logprobs.is_empty() {
+                    let _ = r.events.send(Event::Text { text, logprobs });
+                }
             }
         }
         running.retain_mut(|r| {

@@ -315,6 +315,77 @@ async fn api_key_is_required_when_set() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_in_both_shapes() {
+    let base = start(config()).await;
+    let mut body = chat("What is the capital of France? Answer in one sentence.", 12);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let (status, v) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let n = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    let ended = v["choices"][0]["finish_reason"] == "stop";
+    assert_eq!(content.len() + usize::from(ended), n, "{v}");
+    let text: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    for e in content {
+        let lp = e["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0);
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the first alternative.
+        assert_eq!(top[0]["token"], e["token"]);
+        assert!(e["bytes"].is_array());
+    }
+    // Streamed: the same entries, spread over the chunks.
+    body["stream"] = json!(true);
+    let lines = sse(&base, "/v1/chat/completions", body).await;
+    let streamed: Vec<Value> = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed, content);
+
+    // Text completions: the legacy parallel lists.
+    let body = json!({"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 6,
+        "temperature": 0, "logprobs": 1});
+    let (status, v) = post(&base, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 6);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 1);
+    assert_eq!(lp["text_offset"][0], 0);
+    // Without asking: null.
+    let (_, v) = post(&base, "/v1/chat/completions", chat("Hi", 2)).await;
+    assert!(v["choices"][0]["logprobs"].is_null());
+
+    // Bad settings are 400s naming the field.
+    for (field, value, extra) in [
+        ("top_logprobs", json!(50), Some(("logprobs", json!(true)))),
+        ("logprobs", json!("yes"), None),
+        ("top_logprobs", json!(2), None),
+    ] {
+        let mut body = chat("Hi", 2);
+        body[field] = value;
+        if let Some((k, v)) = extra {
+            body[k] = v;
+        }
+        let (status, v) = post(&base, "/v1/chat/completions", body).await;
+        assert_error(status, &v, 400);
+        assert_eq!(v["error"]["param"], field, "{v}");
+    }
+}
+
 async fn running(base: &str) -> u64 {
     gauge(base, "pld_num_requests_running").await
 }
