@@ -67,7 +67,13 @@ impl DraftLength {
     /// that maximizes expected tokens per unit of pass cost, or a one-token probe when no draft has
     /// been sent for a while.
     pub fn choose(&self, n: usize, available: usize) -> usize {
-        match self.best_length(n, available) {
+        self.choose_at_cost(self.alpha, n, available)
+    }
+
+    /// `choose` with the pass cost `alpha` given from outside (a scheduler that knows what a row
+    /// costs in the current batch).
+    pub fn choose_at_cost(&self, alpha: f64, n: usize, available: usize) -> usize {
+        match self.best_length_at_cost(alpha, n, available) {
             0 if self.since_draft >= self.probe_gap => available.min(1),
             k => k,
         }
@@ -76,6 +82,11 @@ impl DraftLength {
     /// The number of drafted tokens (at most `available`) that maximizes expected tokens per unit
     /// of pass cost, for a match of size `n`.
     pub fn best_length(&self, n: usize, available: usize) -> usize {
+        self.best_length_at_cost(self.alpha, n, available)
+    }
+
+    fn best_length_at_cost(&self, alpha: f64, n: usize, available: usize) -> usize {
+        let alpha = alpha.max(0.0);
         let a = self.acceptance(n).min(0.999);
         let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
         let mut power = a; // a^(k)
@@ -83,7 +94,7 @@ impl DraftLength {
         for k in 1..=available {
             expected += power;
             power *= a;
-            let rate = expected / (1.0 + self.alpha * k as f64);
+            let rate = expected / (1.0 + alpha * k as f64);
             if rate > best.0 {
                 best = (rate, k);
             }

@@ -165,6 +165,8 @@ pub struct Sequence {
     draft_match: usize,
     /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
     draft_limit: usize,
+    /// Price of a drafted row set by a scheduler, overriding the sequence's own estimate.
+    draft_cost: Option<f64>,
     config: GenerationConfig,
     rng: ChaCha8Rng,
     phase: Phase,
@@ -229,6 +231,7 @@ impl Sequence {
             draft_length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
             draft_match: 0,
             draft_limit: usize::MAX,
+            draft_cost: None,
             config,
             rng,
             phase: Phase::Prefill(0),
@@ -265,6 +268,17 @@ impl Sequence {
     /// Caps the drafted tokens per step below the configured K (a scheduler's load control).
     pub fn set_draft_limit(&mut self, limit: usize) {
         self.draft_limit = limit;
+    }
+
+    /// The price of a drafted row in plain tokens, as a scheduler measured it for the current
+    /// batch (`PassCost::draft_token_cost`); `None` lets the sequence use its own estimate.
+    pub fn set_draft_cost(&mut self, cost: Option<f64>) {
+        self.draft_cost = cost;
+    }
+
+    /// Whether the prompt is still being fed (the next pass is not a decode step).
+    pub fn in_prefill(&self) -> bool {
+        matches!(self.phase, Phase::Prefill(_))
     }
 
     pub fn prompt_tokens(&self) -> &[u32] {
@@ -401,7 +415,11 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                         if let Some(m) = index.propose(k, &mut draft) {
                             seq.draft_match = m.n;
                             if seq.config.adaptive_draft {
-                                draft.truncate(seq.draft_length.choose(m.n, draft.len()));
+                                let keep = match seq.draft_cost {
+                                    Some(c) => seq.draft_length.choose_at_cost(c, m.n, draft.len()),
+                                    None => seq.draft_length.choose(m.n, draft.len()),
+                                };
+                                draft.truncate(keep);
                             }
                         }
                         seq.stats.propose_time += t0.elapsed();

@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;
+pub mod pass_cost;
 pub mod sampling;
 pub mod tokenizer;
 pub mod verify;

@@ -4,12 +4,17 @@
 //! channel as it is accepted, and a sequence whose client went away is dropped within one step.
 //!
 //! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
-//! drafted rows stop being nearly free as the batch grows. The scheduler caps the drafted tokens
-//! per sequence so that the rows per pass stay within a budget (`ROW_BUDGET`); each sequence's own
-//! controller then sends only the drafts it expects to pay off.
+//! drafted rows stop being nearly free as the batch grows. The loop measures what passes cost by
+//! row count (`PassCost`, timed at start-up and refined from real decode passes) and gives each
+//! greedy sequence the price of a drafted row in the current batch; the sequence's controller then
+//! sends only the drafts whose expected accepted tokens pay that price, which is none once the
+//! batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
+//! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
+//! (`ROW_BUDGET`).
 
 use crate::metrics::Metrics;
 use crate::ServerConfig;
+use engine::pass_cost::{PassCost, MAX_ROWS};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -17,7 +22,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Rows (last tokens plus drafts) per forward pass that speculation may fill.
+/// Rows (last tokens plus drafts) per forward pass that speculation may fill for sampled
+/// sequences.
 const ROW_BUDGET: usize = 16;
 
 /// What the engine loop sends back for one request.
@@ -97,6 +103,20 @@ fn engine_loop(
     metrics: &Metrics,
 ) {
     let mut running: Vec<Running> = Vec::new();
+    let mut cost = match PassCost::measure(&lm.model) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("could not time forward passes ({e}); assuming a row costs 0.3 tokens");
+            PassCost::from_points(&[(1, 1.0), (MAX_ROWS, 1.0 + 0.3 * (MAX_ROWS - 1) as f64)])
+        }
+    };
+    tracing::info!(
+        one_row_ms = format!("{:.1}", cost.seconds(1) * 1e3),
+        draft_price_1 = format!("{:.2}", cost.draft_token_cost(1)),
+        draft_price_4 = format!("{:.2}", cost.draft_token_cost(4)),
+        draft_price_8 = format!("{:.2}", cost.draft_token_cost(8)),
+        "pass costs measured"
+    );
     loop {
         // Admit: block when idle, otherwise take what is waiting.
         if running.is_empty() {
@@ -119,11 +139,19 @@ fn engine_loop(
         if running.is_empty() {
             continue;
         }
-        let cap = draft_cap(running.len());
+        let n = running.len();
+        let price = cost.draft_token_cost(n);
+        let decode_only = running.iter().all(|r| !r.seq.in_prefill());
         let before: Vec<(usize, usize, usize)> = running
             .iter_mut()
             .map(|r| {
-                r.seq.set_draft_limit(cap);
+                if r.seq.config().sampling.is_greedy() {
+                    r.seq.set_draft_cost(Some(price));
+                    r.seq.set_draft_limit((MAX_ROWS / n).saturating_sub(1));
+                } else {
+                    r.seq.set_draft_cost(None);
+                    r.seq.set_draft_limit(draft_cap(n));
+                }
                 (
                     r.seq.stats.draft_tokens,
                     r.seq.stats.accepted_tokens,
@@ -131,10 +159,19 @@ fn engine_loop(
                 )
             })
             .collect();
+        let started = Instant::now();
         let result = {
             let mut seqs: Vec<&mut Sequence> = running.iter_mut().map(|r| &mut r.seq).collect();
             step(&lm.model, &lm.tokenizer, &mut seqs)
         };
+        if decode_only && result.is_ok() {
+            let drafted: usize = running
+                .iter()
+                .zip(&before)
+                .map(|(r, (d0, _, _))| r.seq.stats.draft_tokens - d0)
+                .sum();
+            cost.observe(n + drafted, started.elapsed().as_secs_f64());
+        }
         if let Err(e) = result {
             tracing::error!("engine step failed: {e}");
             for r in running.drain(..) {
