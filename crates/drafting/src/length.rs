@@ -8,11 +8,11 @@
 //!
 //! `DraftLength` estimates `a` separately for each matched n-gram size (a long match predicts
 //! better than a single repeated token) from decayed counts of accepted and rejected tokens, and
-//! `alpha` from the measured cost of passes. Estimates decay towards their priors while unused, so a
-//! sequence whose drafting was switched off tries again later. Where even the prior does not pay
-//! (a high `alpha`, say a noisy timing), it still sends a one-token probe now and then, with the gap
-//! between probes doubling after each rejected one: a wrong guess about the cost can then never
-//! switch drafting off for good, and free-form text pays almost nothing for the probes.
+//! `alpha` from the measured cost of passes. A sequence that does not draft (no draft pays at the
+//! current estimates and cost) still sends a one-token probe now and then, with the gap between
+//! probes doubling after each rejected one: a wrong guess about acceptance or cost can then never
+//! switch drafting off for good, accepted probes build the evidence that turns longer drafts back
+//! on, and free-form text pays almost nothing for the probes.
 
 use crate::MAX_NGRAM;
 
@@ -126,13 +126,10 @@ impl DraftLength {
         self.rejected[n] += f64::from(u8::from(accepted < drafted));
     }
 
-    /// Lets estimates drift back to their priors during a step without a draft.
+    /// Counts a step without a draft. The estimates stay as they are: they move on evidence
+    /// only, and the probes bring that evidence when no draft pays.
     pub fn idle(&mut self) {
         self.since_draft = self.since_draft.saturating_add(1);
-        for i in 0..=MAX_NGRAM {
-            self.accepted[i] *= DECAY;
-            self.rejected[i] *= DECAY;
-        }
     }
 
     /// Records how long a pass over `tokens` tokens took, refining `alpha`.
@@ -181,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn estimates_recover_while_idle() {
+    fn switched_off_drafting_comes_back_through_accepted_probes() {
         let mut c = DraftLength::new(0.2);
         for _ in 0..40 {
             c.observe(2, 4, 0);
@@ -190,7 +187,17 @@ mod tests {
         for _ in 0..200 {
             c.idle();
         }
-        assert!(c.choose(2, 4) > 0, "after a while it tries again");
+        assert_eq!(c.choose(2, 4), 1, "after a while it probes");
+        // The text became predictable: probes are accepted, and full drafts return.
+        let mut steps = 0;
+        while c.best_length(2, 4) < 4 {
+            match c.choose(2, 4) {
+                0 => c.idle(),
+                k => c.observe(2, k, k),
+            }
+            steps += 1;
+            assert!(steps < 200, "drafting never recovered");
+        }
     }
 
     #[test]
