@@ -22,9 +22,13 @@ pub struct LoadArgs {
     /// Concurrency levels.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     pub clients: Vec<usize>,
-    /// Requests per concurrency level and mode.
+    /// Requests per concurrency level, mode and round.
     #[arg(long, default_value_t = 16)]
     pub requests: usize,
+    /// Rounds per level, alternating which mode goes first (plain-speculative, then
+    /// speculative-plain, ...), so that a machine getting busier or quieter favours neither.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
     #[arg(long, default_value_t = 96)]
     pub max_tokens: usize,
     #[arg(long)]
@@ -40,6 +44,36 @@ struct LevelResult {
     tokens_per_s: f64,
     mean_latency: f64,
     p95_latency: f64,
+}
+
+/// What one run of a level measured: wall time and (latency, tokens) per request.
+#[derive(Default)]
+struct Samples {
+    wall: f64,
+    requests: Vec<(f64, u64)>,
+}
+
+impl Samples {
+    fn add(&mut self, other: Samples) {
+        self.wall += other.wall;
+        self.requests.extend(other.requests);
+    }
+
+    fn result(&self) -> LevelResult {
+        let mut lat: Vec<f64> = self.requests.iter().map(|x| x.0).collect();
+        lat.sort_by(|a, b| a.total_cmp(b));
+        let tokens: u64 = self.requests.iter().map(|x| x.1).sum();
+        let wall = self.wall.max(1e-9);
+        LevelResult {
+            requests_per_s: lat.len() as f64 / wall,
+            tokens_per_s: tokens as f64 / wall,
+            mean_latency: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
+            p95_latency: lat
+                .get(((lat.len() as f64 * 0.95).ceil() as usize).clamp(1, lat.len().max(1)) - 1)
+                .copied()
+                .unwrap_or(f64::NAN),
+        }
+    }
 }
 
 fn prompts(a: &LoadArgs) -> anyhow::Result<Vec<String>> {
@@ -89,7 +123,7 @@ async fn level(
     clients: usize,
     n: usize,
     max_tokens: usize,
-) -> anyhow::Result<LevelResult> {
+) -> anyhow::Result<Samples> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3600))
         .build()?;
@@ -132,15 +166,9 @@ async fn level(
     for t in tasks {
         all.extend(t.await??);
     }
-    let wall = started.elapsed().as_secs_f64();
-    let mut lat: Vec<f64> = all.iter().map(|x| x.0).collect();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let tokens: u64 = all.iter().map(|x| x.1).sum();
-    Ok(LevelResult {
-        requests_per_s: all.len() as f64 / wall,
-        tokens_per_s: tokens as f64 / wall,
-        mean_latency: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
-        p95_latency: lat[((lat.len() as f64 * 0.95).ceil() as usize).clamp(1, lat.len()) - 1],
+    Ok(Samples {
+        wall: started.elapsed().as_secs_f64(),
+        requests: all,
     })
 }
 
@@ -175,8 +203,24 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         level(&spec_url, &prompts, 1, 1, 8).await?;
         let mut rows = Vec::new();
         for &c in &a.clients {
-            let p = level(&plain_url, &prompts, c, a.requests, a.max_tokens).await?;
-            let s = level(&spec_url, &prompts, c, a.requests, a.max_tokens).await?;
+            let (mut p, mut s) = (Samples::default(), Samples::default());
+            for round in 0..a.rounds.max(1) {
+                let order = if round % 2 == 0 {
+                    [false, true]
+                } else {
+                    [true, false]
+                };
+                for speculative in order {
+                    let url = if speculative { &spec_url } else { &plain_url };
+                    let got = level(url, &prompts, c, a.requests, a.max_tokens).await?;
+                    if speculative {
+                        s.add(got)
+                    } else {
+                        p.add(got)
+                    }
+                }
+            }
+            let (p, s) = (p.result(), s.result());
             eprintln!(
                 "{c} clients: plain {:.1} tok/s, speculative {:.1} tok/s",
                 p.tokens_per_s, s.tokens_per_s
@@ -200,13 +244,13 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"model": lm.name, "threads": threads, "max_tokens": a.max_tokens, "requests": a.requests, "levels": v})
+                &json!({"model": lm.name, "threads": threads, "max_tokens": a.max_tokens, "requests": a.requests, "rounds": a.rounds, "levels": v})
             )?
         );
     } else {
         println!(
-            "model {} ({threads} threads), {} requests per level, {} new tokens",
-            lm.name, a.requests, a.max_tokens
+            "model {} ({threads} threads), {} requests per level and mode in each of {} rounds, {} new tokens",
+            lm.name, a.requests, a.rounds, a.max_tokens
         );
         println!("| clients | mode | req/s | gen tok/s | mean latency s | p95 latency s | speedup |\n|---:|---|---:|---:|---:|---:|---:|");
         for (c, p, s) in &rows {

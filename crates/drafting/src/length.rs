@@ -21,6 +21,8 @@ const DECAY: f64 = 0.95;
 /// Prior pseudo-counts of accepted and rejected tokens: a prior acceptance of one half.
 const PRIOR_ACCEPT: f64 = 1.0;
 const PRIOR_REJECT: f64 = 1.0;
+/// The smallest expected gain in tokens per unit of pass cost for which a draft is sent.
+const MIN_GAIN: f64 = 0.1;
 /// Steps without a draft before the first probe; the gap doubles after every rejected probe, up to
 /// `MAX_PROBE_GAP`.
 const FIRST_PROBE_GAP: u32 = 8;
@@ -99,6 +101,11 @@ impl DraftLength {
                 best = (rate, k);
             }
         }
+        // A draft must promise a clear gain: estimates and costs are noisy, and a marginal
+        // draft risks a loss for almost nothing.
+        if best.0 < 1.0 + MIN_GAIN {
+            return 0;
+        }
         best.1
     }
 
@@ -163,6 +170,21 @@ mod tests {
         assert!(c.acceptance(1) < 0.1);
         assert_eq!(c.choose(3, 8), 8);
         assert_eq!(c.choose(1, 8), 0);
+    }
+
+    #[test]
+    fn marginal_drafts_are_not_sent() {
+        let mut c = DraftLength::new(0.0);
+        // Nine in ten drafted tokens accepted.
+        for _ in 0..60 {
+            c.observe(3, 10, 9);
+        }
+        let a = c.acceptance(3);
+        assert!(a > 0.85 && a < 0.95, "{a}");
+        // At a price of 0.8 tokens per drafted row the best draft gains under 10%: none is sent.
+        assert_eq!(c.best_length_at_cost(0.8, 3, 8), 0);
+        // At 0.5 it clearly pays.
+        assert!(c.best_length_at_cost(0.5, 3, 8) > 0);
     }
 
     #[test]
