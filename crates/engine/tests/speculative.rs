@@ -222,18 +222,19 @@ fn seeded_sampling_is_reproducible_with_and_without_speculation() {
     for k in [0, 8] {
         let mut c = greedy(40, k, 1, 3);
         c.sampling.do_sample = true;
-        c.sampling.temperature = 0.8;
+        c.sampling.temperature = 1.0;
         c.sampling.top_p = 0.95;
         c.seed = Some(42);
         let a = run(&lm, &prompt, c.clone(), 4096);
         let b = run(&lm, &prompt, c.clone(), 4096);
         assert_eq!(a.token_ids, b.token_ids, "K={k}: same seed, same tokens");
-        c.seed = Some(43);
-        let d = run(&lm, &prompt, c, 4096);
-        assert_ne!(
-            a.token_ids, d.token_ids,
-            "K={k}: another seed, other tokens"
-        );
+        // Copying code is near-certain even when sampling, so one other seed may well give the
+        // same tokens; among several, some must differ.
+        let differs = (43..48).any(|seed| {
+            c.seed = Some(seed);
+            run(&lm, &prompt, c.clone(), 4096).token_ids != a.token_ids
+        });
+        assert!(differs, "K={k}: other seeds, other tokens");
     }
 }
 
