@@ -73,6 +73,16 @@ unsafe fn load(p: *const i8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// Bytes per block of a 32-element format.
+const fn block_bytes(f: u8) -> usize {
+    match f {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 34,
+    }
+}
+
 /// 32-element formats: one float scale per block.
 #[inline(always)]
 unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
@@ -82,12 +92,7 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     first_block: usize,
     out: &mut [f32],
 ) {
-    let bytes = match F {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 34,
-    };
+    let bytes = block_bytes(F);
     let nb = wrow.len() / bytes;
     let mut acc = [_mm256_setzero_ps(); MR];
     let mut macc = [0f32; MR];
@@ -98,18 +103,12 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
         prefetch(p);
         let d = f16_fast(blk, 0);
         // Unsigned weights `u` (or |w| for Q8_0) and the offset per unit of activation sum.
+        let w = unpack_block::<F>(p);
         let (u, signs, offset) = match F {
-            Q4_0 => (nibbles_16(p.add(2)), None, -8.0 * d),
-            Q4_1 => (nibbles_16(p.add(4)), None, f16_fast(blk, 2)),
-            Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-                (_mm256_or_si256(nibbles_16(p.add(6)), hi), None, -16.0 * d)
-            }
-            _ => {
-                let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
-                (_mm256_sign_epi8(w, w), Some(w), 0.0)
-            }
+            Q4_0 => (w, None, -8.0 * d),
+            Q4_1 => (w, None, f16_fast(blk, 2)),
+            Q5_0 => (w, None, -16.0 * d),
+            _ => (_mm256_sign_epi8(w, w), Some(w), 0.0),
         };
         for r in 0..MR {
             let bi = (r0 + r) * acts.k / 32 + b;
@@ -322,19 +321,14 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
     r0: usize,
     out: &mut [f32],
 ) {
-    let bytes = match F {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 34,
-    };
+    let bytes = block_bytes(F);
     let nb = wrow.len() / bytes;
     let mut acc = [_mm512_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
     let sd = acts.spread_d.as_ptr();
     // The weight offsets of a run of blocks, applied afterwards to each row's activation sums as
     // one dot product (sixteen blocks per instruction instead of a multiply per block and row).
-    const RUN: usize = 256;
+    const RUN: usize = 64;
     let mut offs = [0f32; RUN + 16];
     let pairs_end = nb & !1;
     let mut b = 0;
