@@ -88,9 +88,16 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         }
         runs
     };
-    let (model, path) = (runs[0]["model"].clone(), runs[0]["model_path"].clone());
+    let model = runs[0]["model"].clone();
     if a.json {
-        let v = json!({"model": model, "model_path": path, "runs": runs});
+        // The run with the most threads at the top level (`threads`, `passes`,
+        // `decode_tokens_per_s`, ...), every run under `runs`.
+        let mut v = runs
+            .iter()
+            .max_by_key(|r| r["threads"].as_u64().unwrap_or(0))
+            .cloned()
+            .unwrap_or_default();
+        v["runs"] = json!(runs);
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }

@@ -155,12 +155,7 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
     let cost = match &a.forward {
         Some(p) => {
             let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p)?)?;
-            // Either one run's figures or `bench forward`'s runs (the last has the most threads).
-            let run = match f["runs"].as_array().and_then(|r| r.last()) {
-                Some(r) => r.clone(),
-                None => f.clone(),
-            };
-            let passes = run["passes"]
+            let passes = f["passes"]
                 .as_array()
                 .ok_or_else(|| anyhow::anyhow!("{} has no passes", p.display()))?;
             let one = passes[0]["ms"].as_f64().unwrap_or(1.0);

@@ -391,3 +391,55 @@ fn bench_run_writes_reports_and_flags_mismatches() {
         "cannot read workload",
     );
 }
+
+#[test]
+fn bench_forward_json_has_the_documented_fields() {
+    let model = smollm_path();
+    let o = pld(&[
+        "bench",
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--context",
+        "32",
+        "--prefill-tokens",
+        "48",
+        "--repeats",
+        "1",
+        "--threads",
+        "1,2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The run with the most threads at the top level, both under `runs`.
+    assert_eq!(v["threads"], 2);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(
+        runs.iter()
+            .map(|r| r["threads"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2]
+    );
+    for r in runs.iter().chain([&v]) {
+        let passes = r["passes"].as_array().unwrap();
+        let tokens: Vec<u64> = passes
+            .iter()
+            .map(|p| p["tokens"].as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens, [1, 2, 4, 8, 16]);
+        assert!(passes.iter().all(|p| p["ms"].as_f64().unwrap() > 0.0));
+        assert_eq!(passes[0]["ratio_to_one"], 1.0);
+        for field in [
+            "decode_tokens_per_s",
+            "prefill_tokens_per_s",
+            "bandwidth_gb_s",
+            "bandwidth_bound_tokens_per_s",
+            "decode_fraction_of_bound",
+        ] {
+            assert!(r[field].as_f64().unwrap() > 0.0, "{field}: {r}");
+        }
+        assert_eq!(r["prefill_tokens"], 48);
+        assert!(r["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
+    }
+}
