@@ -2,6 +2,8 @@
 //! position, so appending writes in place and cutting back (`truncate`) is O(1): positions past the
 //! new length are simply overwritten by the next pass.
 
+use crate::kernels::KvHead;
+
 pub struct KvCache {
     keys: Vec<f32>,
     values: Vec<f32>,
@@ -60,16 +62,17 @@ impl KvCache {
         self.values[o..o + self.kv_dim].copy_from_slice(value);
     }
 
-    /// Keys and values of one layer from position 0 on, starting at head `head` (`hd` wide):
-    /// position t's head is `[t * kv_dim..][..hd]`.
-    pub(crate) fn layer_head(&self, layer: usize, head: usize, hd: usize) -> (&[f32], &[f32]) {
+    /// The first `len` keys and values of head `head` (`hd` wide) in layer `layer`.
+    pub(crate) fn head(&self, layer: usize, head: usize, hd: usize, len: usize) -> KvHead<'_> {
         let o = self.offset(layer, 0) + head * hd;
         let end = self.offset(layer, 0) + self.capacity * self.kv_dim;
-        (&self.keys[o..end], &self.values[o..end])
-    }
-
-    pub(crate) fn kv_dim(&self) -> usize {
-        self.kv_dim
+        KvHead {
+            keys: &self.keys[o..end],
+            values: &self.values[o..end],
+            stride: self.kv_dim,
+            hd,
+            len,
+        }
     }
 }
 
@@ -87,10 +90,10 @@ mod tests {
         c.truncate(3);
         assert_eq!(c.len(), 3);
         let key = |c: &KvCache, pos: usize, head: usize, hd: usize| {
-            c.layer_head(1, head, hd).0[pos * 4..pos * 4 + hd].to_vec()
+            c.head(1, head, hd, 4).keys[pos * 4..pos * 4 + hd].to_vec()
         };
         assert_eq!(key(&c, 2, 0, 4), [2.0; 4]);
-        assert_eq!(c.layer_head(1, 0, 4).1[2 * 4..3 * 4], [-2.0; 4]);
+        assert_eq!(c.head(1, 0, 4, 4).values[2 * 4..3 * 4], [-2.0; 4]);
         c.write(1, 3, &[9.0; 4], &[9.0; 4]);
         c.set_len(4);
         assert_eq!(key(&c, 3, 1, 2), [9.0; 2]);

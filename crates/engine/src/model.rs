@@ -317,20 +317,9 @@ impl Model {
             let attend = |scores: &mut Vec<f32>, (idx, out): (usize, &mut [f32])| {
                 let (r, kvh) = (idx / c.n_kv_head, idx % c.n_kv_head);
                 let cache = caches[row_item[r]];
-                let len = row_pos[r] + 1;
                 let q0 = r * qd + kvh * group * hd;
-                let (keys, values) = cache.layer_head(li, kvh, hd);
-                kernels::attend(
-                    &q[q0..q0 + group * hd],
-                    keys,
-                    values,
-                    cache.kv_dim(),
-                    hd,
-                    len,
-                    scale,
-                    scores,
-                    out,
-                );
+                let kv = cache.head(li, kvh, hd, row_pos[r] + 1);
+                kernels::attend(&q[q0..q0 + group * hd], kv, scale, scores, out);
             };
             // Threads pay off once there are enough (row, head, position) triples.
             let work: usize = row_pos.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;

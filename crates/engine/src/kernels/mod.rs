@@ -541,43 +541,32 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += alpha * x`
-#[inline]
-pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len());
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA are present, lengths are equal.
-        return unsafe { x86::axpy_f32(alpha, x, y) };
-    }
-    axpy_scalar(alpha, x, y)
-}
-
 pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }
 }
 
-/// Attention of the `q.len() / hd` query heads in `q` that share one key/value head, over `len`
-/// cached positions: key `t` is `keys[t * stride..][..hd]`, value `t` likewise. `scores` is
-/// scratch; `out` gets one `hd`-long output per query head.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    len: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let group = q.len() / hd;
+/// One key/value head of a cache: key `t` is `keys[t * stride..][..hd]`, value `t` likewise, for
+/// the first `len` positions.
+#[derive(Clone, Copy)]
+pub struct KvHead<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub stride: usize,
+    pub hd: usize,
+    pub len: usize,
+}
+
+/// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
+/// `scores` is scratch; `out` gets one `hd`-long output per query head.
+pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let KvHead { hd, len, .. } = kv;
+    let group = q.len() / hd.max(1);
     assert!(hd > 0 && len > 0 && group * hd == q.len() && out.len() == q.len());
-    let span = (len - 1) * stride + hd;
+    let span = (len - 1) * kv.stride + hd;
     assert!(
-        keys.len() >= span && values.len() >= span,
+        kv.keys.len() >= span && kv.values.len() >= span,
         "cache too short"
     );
     scores.clear();
@@ -586,24 +575,20 @@ pub fn attend(
     if has_avx2() && hd % 8 == 0 {
         // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; every key and value read lies
         // inside the checked span.
-        return unsafe { x86::attend_avx2(q, keys, values, stride, hd, len, scale, scores, out) };
+        return unsafe { x86::attend_avx2(q, kv, scale, scores, out) };
     }
-    attend_scalar(q, keys, values, stride, hd, len, scale, scores, out)
+    attend_scalar(q, kv, scale, scores, out)
 }
 
-/// The plain version of `attend`, one `dot` and one `axpy` per head and position.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_scalar(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    len: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+/// The plain version of `attend`, one dot product and one scaled sum per head and position.
+pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let KvHead {
+        keys,
+        values,
+        stride,
+        hd,
+        len,
+    } = kv;
     let group = q.len() / hd;
     for t in 0..len {
         let key = &keys[t * stride..t * stride + hd];

@@ -621,11 +621,8 @@ pub unsafe fn dot_rows_vnni<const F: u8>(
 /// The CPU must have AVX2 and FMA; `a` and `b` have the same length.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    dot_body(a.as_ptr(), b.as_ptr(), a.len())
-}
-
-#[inline(always)]
-unsafe fn dot_body(pa: *const f32, pb: *const f32, n: usize) -> f32 {
+    let n = a.len();
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
     let mut i = 0;
@@ -644,32 +641,10 @@ unsafe fn dot_body(pa: *const f32, pb: *const f32, n: usize) -> f32 {
     }
     let mut s = hsum(_mm256_add_ps(acc0, acc1));
     while i < n {
-        s += *pa.add(i) * *pb.add(i);
+        s += a[i] * b[i];
         i += 1;
     }
     s
-}
-
-/// # Safety
-/// The CPU must have AVX2 and FMA; `x` and `y` have the same length.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
-    axpy_body(alpha, x.as_ptr(), y.as_mut_ptr(), x.len())
-}
-
-#[inline(always)]
-unsafe fn axpy_body(alpha: f32, px: *const f32, py: *mut f32, n: usize) {
-    let va = _mm256_set1_ps(alpha);
-    let mut i = 0;
-    while i + 8 <= n {
-        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
-        _mm256_storeu_ps(py.add(i), v);
-        i += 8;
-    }
-    while i < n {
-        *py.add(i) += alpha * *px.add(i);
-        i += 1;
-    }
 }
 
 /// The sums of each of eight vectors, as one vector.
@@ -694,18 +669,20 @@ unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
 /// # Safety
 /// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the bounds are those `kernels::attend` checks.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend_avx2(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    len: usize,
+    kv: super::KvHead<'_>,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let super::KvHead {
+        keys,
+        values,
+        stride,
+        hd,
+        len,
+    } = kv;
     let group = q.len() / hd;
     let (pk, pv) = (keys.as_ptr(), values.as_ptr());
     let vscale = _mm256_set1_ps(scale);
