@@ -415,11 +415,9 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                         if let Some(m) = index.propose(k, &mut draft) {
                             seq.draft_match = m.n;
                             if seq.config.adaptive_draft {
-                                let keep = match seq.draft_cost {
-                                    Some(c) => seq.draft_length.choose_at_cost(c, m.n, draft.len()),
-                                    None => seq.draft_length.choose(m.n, draft.len()),
-                                };
-                                draft.truncate(keep);
+                                let l = &seq.draft_length;
+                                let cost = seq.draft_cost.unwrap_or(l.alpha());
+                                draft.truncate(l.choose_at_cost(cost, m.n, draft.len()));
                             }
                         }
                         seq.stats.propose_time += t0.elapsed();

@@ -590,14 +590,17 @@ impl Meta {
                 json!({ "content": content })
             }
             Kind::Text => {
-                let mut at = offset;
-                let mut offsets = Vec::with_capacity(lps.len());
-                for l in lps {
-                    offsets.push(at);
-                    at += text(l.token).len();
-                }
+                let tokens: Vec<String> = lps.iter().map(|l| text(l.token)).collect();
+                let offsets: Vec<usize> = tokens
+                    .iter()
+                    .scan(offset, |at, t| {
+                        let start = *at;
+                        *at += t.len();
+                        Some(start)
+                    })
+                    .collect();
                 json!({
-                    "tokens": lps.iter().map(|l| text(l.token)).collect::<Vec<_>>(),
+                    "tokens": tokens,
                     "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
                     "top_logprobs": lps
                         .iter()

@@ -90,9 +90,9 @@ struct Running {
     first_token: Option<Instant>,
 }
 
-/// The draft cap per sequence for a batch of `n`.
-fn draft_cap(n: usize) -> usize {
-    (ROW_BUDGET / n.max(1)).saturating_sub(1)
+/// The draft cap per sequence for a batch of `n` that may fill `rows` rows per pass.
+fn draft_cap(rows: usize, n: usize) -> usize {
+    (rows / n.max(1)).saturating_sub(1)
 }
 
 fn engine_loop(
@@ -147,10 +147,10 @@ fn engine_loop(
             .map(|r| {
                 if r.seq.config().sampling.is_greedy() {
                     r.seq.set_draft_cost(Some(price));
-                    r.seq.set_draft_limit((MAX_ROWS / n).saturating_sub(1));
+                    r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
                 } else {
                     r.seq.set_draft_cost(None);
-                    r.seq.set_draft_limit(draft_cap(n));
+                    r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
                 }
                 (
                     r.seq.stats.draft_tokens,
@@ -270,10 +270,10 @@ mod tests {
 
     #[test]
     fn draft_cap_shrinks_with_the_batch() {
-        assert!(draft_cap(1) >= 8);
-        assert_eq!(draft_cap(2), 7);
-        assert_eq!(draft_cap(8), 1);
-        assert_eq!(draft_cap(16), 0);
-        assert_eq!(draft_cap(32), 0);
+        assert!(draft_cap(ROW_BUDGET, 1) >= 8);
+        assert_eq!(draft_cap(ROW_BUDGET, 2), 7);
+        assert_eq!(draft_cap(ROW_BUDGET, 8), 1);
+        assert_eq!(draft_cap(ROW_BUDGET, 16), 0);
+        assert_eq!(draft_cap(ROW_BUDGET, 32), 0);
     }
 }

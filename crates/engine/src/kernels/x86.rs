@@ -388,16 +388,28 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
     }
 }
 
-/// Permutation indices that spread 16-bit scales over 32 lanes, `LANES` lanes per scale: the
-/// `i`-th vector starts at scale `i * 32 / LANES`.
-#[inline(always)]
-unsafe fn scale_index<const LANES: usize>() -> [__m512i; 4] {
+/// Permutation indices that spread 16-bit scales over 32 lanes, `lanes` lanes per scale: the
+/// `i`-th vector starts at scale `i * 32 / lanes`. Built at compile time.
+const fn scale_index(lanes: usize) -> [[i16; 32]; 4] {
     let mut v = [[0i16; 32]; 4];
-    for (i, row) in v.iter_mut().enumerate() {
-        for (l, x) in row.iter_mut().enumerate() {
-            *x = (i * 32 / LANES + l / LANES) as i16;
+    let mut i = 0;
+    while i < 4 {
+        let mut l = 0;
+        while l < 32 {
+            v[i][l] = (i * 32 / lanes + l / lanes) as i16;
+            l += 1;
         }
+        i += 1;
     }
+    v
+}
+
+const Q4K_SCALE_INDEX: [[i16; 32]; 4] = scale_index(16);
+const Q6K_SCALE_INDEX: [[i16; 32]; 4] = scale_index(8);
+
+#[inline(always)]
+unsafe fn load_index(v: &[[i16; 32]; 4]) -> [__m512i; 4] {
+    // Plain loads, no closure: a closure would not inherit the caller's target features.
     [
         _mm512_loadu_si512(v[0].as_ptr() as *const _),
         _mm512_loadu_si512(v[1].as_ptr() as *const _),
@@ -422,7 +434,7 @@ unsafe fn tile_q4k_512<const MR: usize>(
     let qbase = acts.q.as_ptr();
     let low = _mm512_set1_epi8(0x0F);
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 4h + 2j + l / 16.
-    let idx = scale_index::<16>();
+    let idx = load_index(&Q4K_SCALE_INDEX);
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
         prefetch(sb.as_ptr());
@@ -489,7 +501,7 @@ unsafe fn tile_q6k_512<const MR: usize>(
     let low = _mm512_set1_epi8(0x0F);
     let three = _mm512_set1_epi8(3);
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 8h + 4j + l / 8.
-    let idx = scale_index::<8>();
+    let idx = load_index(&Q6K_SCALE_INDEX);
     for s in 0..nsb {
         let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
         prefetch(sb.as_ptr());
