@@ -162,7 +162,7 @@ impl Model {
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<QMatrix> {
             let m = file.matrix(name)?;
             check_shape(name, &m, rows, cols)?;
-            Ok(m)
+            Ok(m.packed_for(kernels::isa()))
         };
         let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
             if file.has_tensor(name) {
@@ -198,7 +198,7 @@ impl Model {
         let output = if file.has_tensor("output.weight") {
             matrix("output.weight", c.vocab_size, c.d_model)?
         } else {
-            token_embd.clone()
+            token_embd.clone().packed_for(kernels::isa())
         };
         Ok(Model {
             output_norm: file.vector("output_norm.weight", c.d_model)?,

@@ -17,6 +17,7 @@ use candle_core::quantized::GgmlDType;
 use half::f16;
 use std::sync::{Arc, OnceLock};
 
+pub mod packed;
 pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -138,6 +139,8 @@ pub struct QMatrix {
     pub rows: usize,
     pub cols: usize,
     pub bytes: Bytes,
+    /// The same weights interleaved for the AVX-512 kernels (`packed`), when packed.
+    pub packed: Option<Arc<packed::Packed>>,
 }
 
 /// The block formats this module can compute with.
@@ -174,7 +177,21 @@ impl QMatrix {
             rows,
             cols,
             bytes,
+            packed: None,
         })
+    }
+
+    /// Adds the interleaved copy the kernels of `isa` compute with, where there is one (K-quants
+    /// with whole groups of 16 rows, AVX-512 VNNI). From then on every product with this matrix
+    /// under `isa` uses it.
+    pub fn packed_for(mut self, isa: Isa) -> Self {
+        if isa == Isa::Avx512Vnni {
+            if let Some(f) = Format::from_ggml(self.dtype) {
+                self.packed = packed::Packed::new(f, self.rows, self.cols, self.bytes.as_slice())
+                    .map(Arc::new);
+            }
+        }
+        self
     }
 
     /// Writes row `r` as f32 values into `out` (`out.len() == cols`): used for embedding lookup.
@@ -372,7 +389,11 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         let pool = pool::global();
         let threads = pool.threads();
         let total: usize = own.iter().map(|(_, w, _)| w.rows).sum();
-        let chunk = total.div_ceil(threads * 4).clamp(8, 512);
+        // Whole groups of 16 rows, for the packed matrices.
+        let chunk = total
+            .div_ceil(threads * 4)
+            .clamp(8, 512)
+            .next_multiple_of(packed::ROWS);
         let mut work = Vec::new();
         for (ji, (_, w, _)) in own.iter().enumerate() {
             for j0 in (0..w.rows).step_by(chunk) {
@@ -382,6 +403,18 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         let run = |&(ji, j0, j1): &(usize, usize, usize)| {
             let (f, w, out_ptr) = own[ji];
             let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
+                for g in j0 / packed::ROWS..j1 / packed::ROWS {
+                    // SAFETY: the CPU has AVX-512 VNNI (`isa`); `a` holds the m rows quantized in
+                    // 256-blocks; the writes, rows 0..m at columns 16g..16g + 16, stay inside
+                    // `out` (m * n) and belong to this work item alone.
+                    unsafe {
+                        x86::packed_rows(p, g, a, 0, m, out_ptr.0.add(g * packed::ROWS), w.rows)
+                    };
+                }
+                return;
+            }
             let (elems, bytes) = f.super_block();
             let row_bytes = w.cols / elems * bytes;
             let wb = w.bytes.as_slice();

@@ -25,6 +25,8 @@ pub struct QuantizedActs {
     pub ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
     pub bsums: Vec<i16>,
+    /// The same sums times 32, as i32 (Q6_K's offset, broadcast by the packed kernel).
+    pub bsums_x32: Vec<i32>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
     pub spread_d: Vec<f32>,
@@ -43,6 +45,7 @@ impl QuantizedActs {
         self.d.resize(nb + 16, 0.0);
         self.ds.resize(rows * k / 32 + 16, 0.0);
         self.bsums.resize(rows * k / 16, 0);
+        self.bsums_x32.resize(rows * k / 16, 0);
         for (b, (xs, qs)) in x
             .chunks_exact(block)
             .zip(self.q.chunks_exact_mut(block))
@@ -60,7 +63,9 @@ impl QuantizedActs {
                 self.ds[b * block / 32 + g] = d * sum as f32;
             }
             for (g, grp) in qs.chunks_exact(16).enumerate() {
-                self.bsums[b * block / 16 + g] = grp.iter().map(|&v| v as i16).sum();
+                let sum: i16 = grp.iter().map(|&v| v as i16).sum();
+                self.bsums[b * block / 16 + g] = sum;
+                self.bsums_x32[b * block / 16 + g] = 32 * sum as i32;
             }
         }
     }

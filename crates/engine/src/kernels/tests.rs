@@ -303,3 +303,79 @@ fn long_rows_match_the_scalar_reference() {
         }
     }
 }
+
+/// The interleaved layout (`packed`): its plain reference against the natural-layout scalar
+/// kernel, and the AVX-512 kernel against that reference, at awkward activation row counts (tiles
+/// of 8 plus every remainder); a row alone gives bit-identical results to the row in a batch.
+#[test]
+fn packed_kernels_match_the_natural_layout() {
+    for (ti, dtype) in [GgmlDType::Q4K, GgmlDType::Q6K].into_iter().enumerate() {
+        let f = quant::Format::from_ggml(dtype).unwrap();
+        let (rows, cols) = (48, 768);
+        let w = random_vec(rows * cols, 400 + ti as u64);
+        let bytes = quantize(dtype, &w);
+        let plain = QMatrix::new(dtype, rows, cols, Bytes::owned(&bytes)).unwrap();
+        let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
+        assert!(packed::Packed::new(f, rows - 1, cols, &bytes[..0]).is_none());
+        let wf = plain.dequantize();
+        for m in [1usize, 2, 3, 5, 8, 13, 17] {
+            let x = random_vec(m * cols, 500 + m as u64);
+            let mut acts = quant::QuantizedActs::default();
+            acts.quantize(&x, m, cols, 256);
+            let mut natural = vec![0f32; m * rows];
+            matmul_with(Isa::Scalar, &x, m, &plain, &mut natural);
+            let mut reference = vec![0f32; m * rows];
+            for i in 0..m {
+                for g in 0..rows / packed::ROWS {
+                    let o = packed::dot_group_scalar(&p, g, &acts, i);
+                    reference[i * rows + g * 16..][..16].copy_from_slice(&o);
+                }
+            }
+            let mag = |i: usize, j: usize| -> f32 {
+                (0..cols)
+                    .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
+                    .sum()
+            };
+            for i in 0..m {
+                for j in 0..rows {
+                    let (a, b) = (reference[i * rows + j], natural[i * rows + j]);
+                    assert!(
+                        (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
+                        "{dtype:?} m={m} ({i},{j}): packed reference {a} vs natural {b}"
+                    );
+                }
+            }
+            if !Isa::available().contains(&Isa::Avx512Vnni) {
+                continue;
+            }
+            let mat = plain.clone().packed_for(Isa::Avx512Vnni);
+            assert!(mat.packed.is_some());
+            let mut out = vec![0f32; m * rows];
+            matmul_with(Isa::Avx512Vnni, &x, m, &mat, &mut out);
+            for i in 0..m {
+                for j in 0..rows {
+                    let (a, b) = (out[i * rows + j], reference[i * rows + j]);
+                    assert!(
+                        (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
+                        "{dtype:?} m={m} ({i},{j}): packed kernel {a} vs reference {b}"
+                    );
+                }
+            }
+            for i in 0..m {
+                let mut one = vec![0f32; rows];
+                matmul_with(
+                    Isa::Avx512Vnni,
+                    &x[i * cols..(i + 1) * cols],
+                    1,
+                    &mat,
+                    &mut one,
+                );
+                assert_eq!(
+                    one,
+                    out[i * rows..(i + 1) * rows],
+                    "{dtype:?} m={m} row {i}"
+                );
+            }
+        }
+    }
+}

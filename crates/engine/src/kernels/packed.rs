@@ -1,0 +1,237 @@
+//! Weight matrices re-laid out for the AVX-512 VNNI kernels: sixteen output rows interleaved, so
+//! that one 512-bit register holds four consecutive weights of each of sixteen rows.
+//!
+//! With that layout one `vpdpbusd` against four activation bytes (broadcast) advances sixteen dot
+//! products by four products each. All sixteen lanes are in the same sub-block, so the sub-block
+//! scales of the sixteen rows apply lane by lane once the sub-block's integer sums are done, and the
+//! sixteen lanes end as sixteen outputs with no horizontal sum. The natural layout needs a
+//! `vpmaddubsw` and a `vpdpwssd` per 64 products to apply its per-32 scales; this needs one
+//! `vpdpbusd`, which is what makes passes over several tokens (verification, prefill) cheaper.
+//!
+//! Packing is done once at load for the K-quants (Q4_K, Q6_K) when the kernels in use are the
+//! AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for embedding lookups and the
+//! other implementations). Every pass over a packed matrix, whatever its number of rows, goes
+//! through the packed kernel, so a row's logits never depend on how many rows share the pass.
+//!
+//! Layout per group of 16 rows and super-block of 256 columns (each a multiple of 64 bytes):
+//! - Q4_K, 2368 bytes: `d[16]` and `dmin[16]` as f16; `scale[8][16]` and `min[8][16]` as u8; then
+//!   for each sub-block of 32 columns and each step of 8 columns, 64 bytes in which lane `l`'s four
+//!   bytes hold row `l`'s columns `c..c + 4` in their low nibbles and `c + 4..c + 8` in their high
+//!   nibbles.
+//! - Q6_K, 3392 bytes: `d[16]` as f16 and 32 bytes of padding; `scale[16][16]` as i8; the low four
+//!   bits of the 6-bit values laid out as Q4_K's nibbles (2048 bytes); then for each sub-block of 16
+//!   columns 64 bytes in which bits `2i..2i + 2` of lane `l`'s byte `b` are the top two bits of row
+//!   `l`'s column `4i + b`.
+
+use super::quant::{f16_at, q4k_scales_mins, Format, QuantizedActs};
+
+/// Rows interleaved per group.
+pub const ROWS: usize = 16;
+pub const Q4K_BYTES: usize = 2368;
+pub const Q6K_BYTES: usize = 3392;
+
+/// Offsets inside a packed super-block.
+pub const Q4K_SCALES: usize = 64;
+pub const Q4K_MINS: usize = 192;
+pub const Q4K_QS: usize = 320;
+pub const Q6K_SCALES: usize = 64;
+pub const Q6K_QL: usize = 320;
+pub const Q6K_QH: usize = 2368;
+
+/// One cache line, so that the packed data is 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A weight matrix in the interleaved layout.
+pub struct Packed {
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    lines: Vec<Line>,
+}
+
+impl Packed {
+    /// Bytes of one packed super-block of 16 rows.
+    pub fn block_bytes(format: Format) -> Option<usize> {
+        match format {
+            Format::Q4K => Some(Q4K_BYTES),
+            Format::Q6K => Some(Q6K_BYTES),
+            _ => None,
+        }
+    }
+
+    /// Packs `rows x cols` weights of `format` given as GGUF bytes; `None` when the format has no
+    /// packed layout or the rows do not come in whole groups.
+    pub fn new(format: Format, rows: usize, cols: usize, bytes: &[u8]) -> Option<Packed> {
+        let block = Self::block_bytes(format)?;
+        let (elems, sb_bytes) = format.super_block();
+        if rows % ROWS != 0 || cols % elems != 0 || bytes.len() != rows * cols / elems * sb_bytes {
+            return None;
+        }
+        let nsb = cols / elems;
+        let total = rows / ROWS * nsb * block;
+        let mut lines = vec![Line([0; 64]); total / 64];
+        let data = lines_as_bytes_mut(&mut lines);
+        let row_bytes = nsb * sb_bytes;
+        for (g, out_group) in data.chunks_exact_mut(nsb * block).enumerate() {
+            for (s, out) in out_group.chunks_exact_mut(block).enumerate() {
+                for l in 0..ROWS {
+                    let r = g * ROWS + l;
+                    let sb = &bytes[r * row_bytes + s * sb_bytes..][..sb_bytes];
+                    match format {
+                        Format::Q4K => pack_q4k_lane(sb, l, out),
+                        _ => pack_q6k_lane(sb, l, out),
+                    }
+                }
+            }
+        }
+        Some(Packed {
+            format,
+            rows,
+            cols,
+            lines,
+        })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        lines_as_bytes(&self.lines)
+    }
+
+    /// Super-blocks per row.
+    pub fn super_blocks(&self) -> usize {
+        self.cols / 256
+    }
+
+    /// The bytes of group `g` (rows `16g..16g + 16`), all super-blocks.
+    pub fn group(&self, g: usize) -> &[u8] {
+        let len = self.super_blocks() * Self::block_bytes(self.format).unwrap_or(0);
+        &self.bytes()[g * len..(g + 1) * len]
+    }
+}
+
+fn lines_as_bytes(lines: &[Line]) -> &[u8] {
+    // SAFETY: `Line` is 64 plain bytes with no padding.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
+}
+
+fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: as above, and the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
+}
+
+/// Writes 256 small integers of one row (lane `l`) as nibble pairs: per step of 8 columns, lane
+/// `l`'s byte `b` holds column `c + b` low and `c + 4 + b` high.
+fn put_nibbles(q: &[u8; 256], l: usize, out: &mut [u8]) {
+    for step in 0..32 {
+        for b in 0..4 {
+            let c = step * 8 + b;
+            out[step * 64 + 4 * l + b] = (q[c] & 0xF) | ((q[c + 4] & 0xF) << 4);
+        }
+    }
+}
+
+fn pack_q4k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
+    out[2 * l..2 * l + 2].copy_from_slice(&sb[0..2]);
+    out[32 + 2 * l..32 + 2 * l + 2].copy_from_slice(&sb[2..4]);
+    let (sc, m) = q4k_scales_mins(&sb[4..16]);
+    for j in 0..8 {
+        out[Q4K_SCALES + 16 * j + l] = sc[j];
+        out[Q4K_MINS + 16 * j + l] = m[j];
+    }
+    let mut q = [0u8; 256];
+    Format::decode_q4k(sb, &mut q);
+    put_nibbles(&q, l, &mut out[Q4K_QS..]);
+}
+
+fn pack_q6k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
+    out[2 * l..2 * l + 2].copy_from_slice(&sb[208..210]);
+    let mut q = [0u8; 256];
+    let sc = Format::decode_q6k(sb, &mut q);
+    for (t, &s) in sc.iter().enumerate() {
+        out[Q6K_SCALES + 16 * t + l] = s as u8;
+    }
+    put_nibbles(&q, l, &mut out[Q6K_QL..]);
+    for t in 0..16 {
+        for b in 0..4 {
+            let mut byte = 0u8;
+            for i in 0..4 {
+                byte |= (q[16 * t + 4 * i + b] >> 4) << (2 * i);
+            }
+            out[Q6K_QH + 64 * t + 4 * l + b] = byte;
+        }
+    }
+}
+
+/// Row `l`'s 256 integers of a packed super-block (Q4_K: 0..15; Q6_K: 0..63).
+fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
+    let mut q = [0u8; 256];
+    let nib = if format == Format::Q4K {
+        Q4K_QS
+    } else {
+        Q6K_QL
+    };
+    for step in 0..32 {
+        for b in 0..4 {
+            let byte = blk[nib + step * 64 + 4 * l + b];
+            q[step * 8 + b] = byte & 0xF;
+            q[step * 8 + 4 + b] = byte >> 4;
+        }
+    }
+    if format == Format::Q6K {
+        for t in 0..16 {
+            for b in 0..4 {
+                let byte = blk[Q6K_QH + 64 * t + 4 * l + b];
+                for i in 0..4 {
+                    q[16 * t + 4 * i + b] |= ((byte >> (2 * i)) & 3) << 4;
+                }
+            }
+        }
+    }
+    q
+}
+
+/// Plain reference of the packed kernels: the sixteen outputs of group `g` for activation row
+/// `row`, computed from the packed bytes with the same integer sums and scale order.
+pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) -> [f32; 16] {
+    let block = Packed::block_bytes(p.format).expect("packed format");
+    let group = p.group(g);
+    let mut out = [0f32; 16];
+    for (l, o) in out.iter_mut().enumerate() {
+        let mut acc = 0f32;
+        for s in 0..p.super_blocks() {
+            let blk = &group[s * block..(s + 1) * block];
+            let q = lane_values(p.format, blk, l);
+            let xq = acts.q_at(row, s * 256);
+            let dot = |c: usize, n: usize| -> i32 {
+                (c..c + n).map(|e| q[e] as i32 * xq[e] as i32).sum()
+            };
+            let bi = row * acts.k / 256 + s;
+            let dx = acts.d[bi];
+            let mut sb = 0f32;
+            match p.format {
+                Format::Q4K => {
+                    let d = f16_at(blk, 2 * l);
+                    let dmin = f16_at(blk, 32 + 2 * l);
+                    for j in 0..8 {
+                        let sc = d * blk[Q4K_SCALES + 16 * j + l] as f32;
+                        let mn = dmin * blk[Q4K_MINS + 16 * j + l] as f32;
+                        sb += dot(32 * j, 32) as f32 * sc;
+                        acc -= mn * acts.ds[(row * acts.k + s * 256) / 32 + j];
+                    }
+                }
+                _ => {
+                    let d = f16_at(blk, 2 * l);
+                    for t in 0..16 {
+                        let sc = d * blk[Q6K_SCALES + 16 * t + l] as i8 as f32;
+                        let a = dot(16 * t, 16) - 32 * acts.bsums[bi * 16 + t] as i32;
+                        sb += a as f32 * sc;
+                    }
+                }
+            }
+            acc += sb * dx;
+        }
+        *o = acc;
+    }
+    out
+}
