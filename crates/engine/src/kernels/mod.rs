@@ -234,10 +234,23 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// A raw pointer to the start of a buffer whose disjoint pieces worker threads fill.
+struct PiecesPtr<T>(*mut T);
+impl<T> Clone for PiecesPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for PiecesPtr<T> {}
+// SAFETY: each worker touches only its own piece (see `par_chunks_mut`), and the buffer outlives
+// the parallel loop.
+unsafe impl<T: Send> Send for PiecesPtr<T> {}
+unsafe impl<T: Send> Sync for PiecesPtr<T> {}
+
 /// Calls `f(i, chunk_i)` for the consecutive `chunk`-long pieces of `data` on the pool's threads.
-pub fn par_chunks_mut(data: &mut [f32], chunk: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
     assert!(chunk > 0 && data.len() % chunk == 0);
-    let ptr = OutPtr(data.as_mut_ptr());
+    let ptr = PiecesPtr(data.as_mut_ptr());
     pool::global().run(data.len() / chunk, &|i| {
         let ptr = ptr;
         // SAFETY: piece i covers [i * chunk, (i + 1) * chunk), inside `data` and disjoint from

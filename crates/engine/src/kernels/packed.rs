@@ -74,7 +74,7 @@ impl Packed {
         let mut lines = vec![Line([0; 64]); total / 64];
         let data = lines_as_bytes_mut(&mut lines);
         let row_bytes = nsb * sb_bytes;
-        for (g, out_group) in data.chunks_exact_mut(nsb * block).enumerate() {
+        super::par_chunks_mut(data, nsb * block, &|g, out_group| {
             for (s, out) in out_group.chunks_exact_mut(block).enumerate() {
                 for l in 0..ROWS {
                     let r = g * ROWS + l;
@@ -85,7 +85,7 @@ impl Packed {
                     }
                 }
             }
-        }
+        });
         Some(Packed {
             format,
             rows,
