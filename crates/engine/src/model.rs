@@ -343,7 +343,13 @@ impl Model {
             let m = &layer.mlp;
             norm_rows(&x, &m.norm, c.rms_eps, &mut h, d);
             kernels::matmul_many(&h, n, &mut [(&m.gate, &mut gate), (&m.up, &mut up)]);
-            kernels::swiglu(&mut gate, &up);
+            if n >= 4 {
+                kernels::par_chunks_mut(&mut gate, c.d_ff, &|r, g| {
+                    kernels::swiglu(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
+                });
+            } else {
+                kernels::swiglu(&mut gate, &up);
+            }
             kernels::matmul(&gate, n, &m.down, &mut proj);
             add_rows(&mut x, &proj);
         }

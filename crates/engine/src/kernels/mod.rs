@@ -391,7 +391,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         let k = own[0].1.cols;
         for (slot, block) in [(0usize, 32usize), (1, 256)] {
             if own.iter().any(|(f, _, _)| f.act_block() == block) {
-                acts[slot].quantize(x, m, k, block);
+                acts[slot].quantize_with(isa, x, m, k, block);
                 if block == 32 && isa == Isa::Avx512Vnni {
                     acts[slot].spread();
                 }
@@ -551,7 +551,7 @@ fn quantize_typed<T: GgmlType>(data: &[f32]) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, size) }.to_vec()
 }
 
-fn has_avx2() -> bool {
+pub(crate) fn has_avx2() -> bool {
     static AVX2: OnceLock<bool> = OnceLock::new();
     *AVX2.get_or_init(|| isa() != Isa::Scalar)
 }
@@ -663,8 +663,19 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// In-place softmax.
+/// In-place softmax (a vectorized exponential where the CPU has AVX2; both within a few units in
+/// the last place of `f32::exp`).
 pub fn softmax(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present.
+        return unsafe { x86::softmax_avx2(x) };
+    }
+    softmax_scalar(x)
+}
+
+/// The plain version of `softmax`.
+pub fn softmax_scalar(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for v in x.iter_mut() {
@@ -679,6 +690,17 @@ pub fn softmax(x: &mut [f32]) {
 
 /// `gate = silu(gate) * up`, the SwiGLU activation.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present; the lengths are equal.
+        return unsafe { x86::swiglu_avx2(gate, up) };
+    }
+    swiglu_scalar(gate, up)
+}
+
+/// The plain version of `swiglu`.
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }

@@ -35,6 +35,18 @@ pub struct QuantizedActs {
 impl QuantizedActs {
     /// Quantizes `rows` rows of `k` values in blocks of `block` (`k` a multiple of it).
     pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, block: usize) {
+        self.quantize_with(super::isa(), x, rows, k, block)
+    }
+
+    /// `quantize` with a chosen implementation (the SIMD one gives the same integers and scales).
+    pub fn quantize_with(
+        &mut self,
+        isa: super::Isa,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        block: usize,
+    ) {
         debug_assert_eq!(k % block, 0);
         self.rows = rows;
         self.k = k;
@@ -51,12 +63,7 @@ impl QuantizedActs {
             .zip(self.q.chunks_exact_mut(block))
             .enumerate()
         {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, v) in qs.iter_mut().zip(xs) {
-                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-            }
+            let d = quantize_block(isa, xs, qs);
             self.d[b] = d;
             for (g, grp) in qs.chunks_exact(32).enumerate() {
                 let sum: i32 = grp.iter().map(|&v| v as i32).sum();
@@ -90,6 +97,25 @@ impl QuantizedActs {
     pub fn block_index(&self, row: usize, b: usize) -> usize {
         row * (self.k / self.block) + b
     }
+}
+
+/// One block to 8 bits: the scale `amax / 127`, and each value divided by it, rounded to nearest
+/// even.
+fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa != super::Isa::Scalar {
+        // SAFETY: AVX2 is present whenever `isa` is not Scalar (`Isa::detect`); the block is a
+        // multiple of 32 long and `qs` as long as `xs`.
+        return unsafe { super::x86::quantize_block_avx2(xs, qs) };
+    }
+    let _ = isa;
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, v) in qs.iter_mut().zip(xs) {
+        *q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    d
 }
 
 #[inline(always)]

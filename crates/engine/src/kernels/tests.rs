@@ -379,3 +379,61 @@ fn packed_kernels_match_the_natural_layout() {
         }
     }
 }
+
+/// The SIMD activation quantization gives exactly the plain version's integers and scales.
+#[test]
+fn activation_quantization_is_the_same_on_every_isa() {
+    let (rows, k) = (3, 512);
+    let mut x = random_vec(rows * k, 77);
+    // A block of zeros, a block with huge and tiny values, values exactly halfway.
+    x[32..64].fill(0.0);
+    x[64] = 1e30;
+    x[65] = -1e-30;
+    for (i, v) in x[96..128].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5;
+    }
+    for block in [32, 256] {
+        let mut plain = quant::QuantizedActs::default();
+        plain.quantize_with(Isa::Scalar, &x, rows, k, block);
+        for isa in Isa::available() {
+            let mut simd = quant::QuantizedActs::default();
+            simd.quantize_with(isa, &x, rows, k, block);
+            assert_eq!(simd.q, plain.q, "{isa:?} block {block}");
+            assert_eq!(simd.d, plain.d, "{isa:?} block {block}");
+            assert_eq!(simd.ds, plain.ds, "{isa:?} block {block}");
+            assert_eq!(simd.bsums, plain.bsums, "{isa:?} block {block}");
+        }
+    }
+}
+
+/// Softmax and SwiGLU (vectorized exponential) against their plain versions, over lengths with
+/// and without a tail and values from far below to far above zero.
+#[test]
+fn softmax_and_swiglu_match_their_plain_versions() {
+    for n in [1usize, 7, 8, 9, 64, 515] {
+        let x: Vec<f32> = random_vec(n, 900 + n as u64)
+            .iter()
+            .map(|v| v * 40.0)
+            .collect();
+        let (mut a, mut b) = (x.clone(), x.clone());
+        softmax(&mut a);
+        softmax_scalar(&mut b);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-6 * q.abs() + 1e-30,
+                "softmax n={n} [{i}]: {p} vs {q}"
+            );
+        }
+        let up = random_vec(n, 950 + n as u64);
+        let (mut a, mut b) = (x.clone(), x.clone());
+        swiglu(&mut a, &up);
+        swiglu_scalar(&mut b, &up);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-6 * q.abs() + 1e-30,
+                "swiglu n={n} [{i}] at {}: {p} vs {q}",
+                x[i]
+            );
+        }
+    }
+}
