@@ -181,8 +181,8 @@ impl QMatrix {
         })
     }
 
-    /// Adds the interleaved copy the kernels of `isa` compute with, where there is one (K-quants
-    /// with whole groups of 16 rows, AVX-512 VNNI). From then on every product with this matrix
+    /// Adds the interleaved copy the kernels of `isa` compute with, where there is one (own
+    /// formats with whole groups of 16 rows and 64 columns, AVX-512 VNNI). From then on every product with this matrix
     /// under `isa` uses it.
     pub fn packed_for(mut self, isa: Isa) -> Self {
         if isa == Isa::Avx512Vnni {
@@ -420,7 +420,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
                 for g in j0 / packed::ROWS..j1 / packed::ROWS {
                     // SAFETY: the CPU has AVX-512 VNNI (`isa`); `a` holds the m rows quantized in
-                    // 256-blocks; the writes, rows 0..m at columns 16g..16g + 16, stay inside
+                    // the format's blocks; the writes, rows 0..m at columns 16g..16g + 16, stay inside
                     // `out` (m * n) and belong to this work item alone.
                     unsafe {
                         x86::packed_rows(p, g, a, 0, m, out_ptr.0.add(g * packed::ROWS), w.rows)

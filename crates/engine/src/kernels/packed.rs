@@ -8,8 +8,8 @@
 //! `vpmaddubsw` and a `vpdpwssd` per 64 products to apply its per-32 scales; this needs one
 //! `vpdpbusd`, which is what makes passes over several tokens (verification, prefill) cheaper.
 //!
-//! Packing is done once at load for the K-quants (Q4_K, Q6_K) when the kernels in use are the
-//! AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for embedding lookups and the
+//! Packing is done once at load (every own format: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) when the
+//! kernels in use are the AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for embedding lookups and the
 //! other implementations). Every pass over a packed matrix, whatever its number of rows, goes
 //! through the packed kernel, so a row's logits never depend on how many rows share the pass.
 //!
@@ -22,6 +22,11 @@
 //!   bits of the 6-bit values laid out as Q4_K's nibbles (2048 bytes); then for each sub-block of 16
 //!   columns 64 bytes in which bits `2i..2i + 2` of lane `l`'s byte `b` are the top two bits of row
 //!   `l`'s column `4i + b`.
+//! - The 32-column formats in units of two blocks (64 columns): `d[2][16]` as f16; Q4_1 then
+//!   `m[2][16]` as f16; Q5_0 then per block 64 bytes in which bits `2u` and `2u + 1` of lane `l`'s
+//!   byte `b` are the fifth bits of columns `8u + b` and `8u + 4 + b`; then the 4-bit values of
+//!   each block as Q4_K's nibbles (256 bytes), or for Q8_0 the bytes plus 128 (as unsigned), four
+//!   columns per lane and step (512 bytes). Q4_0 576 bytes, Q4_1 640, Q5_0 704, Q8_0 1088.
 
 use super::quant::{f16_at, q4k_scales_mins, Format, QuantizedActs};
 
@@ -37,6 +42,9 @@ pub const Q4K_QS: usize = 320;
 pub const Q6K_SCALES: usize = 64;
 pub const Q6K_QL: usize = 320;
 pub const Q6K_QH: usize = 2368;
+/// Offsets of the 32-column formats (units of 64 columns).
+pub const Q41_MINS: usize = 64;
+pub const Q50_HIGH: usize = 64;
 
 /// One cache line, so that the packed data is 64-byte aligned.
 #[derive(Clone, Copy)]
@@ -52,24 +60,49 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Bytes of one packed super-block of 16 rows.
-    pub fn block_bytes(format: Format) -> Option<usize> {
+    /// Bytes of one packed unit of 16 rows.
+    pub const fn block_bytes(format: Format) -> usize {
         match format {
-            Format::Q4K => Some(Q4K_BYTES),
-            Format::Q6K => Some(Q6K_BYTES),
-            _ => None,
+            Format::Q4K => Q4K_BYTES,
+            Format::Q6K => Q6K_BYTES,
+            Format::Q4_0 => 576,
+            Format::Q4_1 => 640,
+            Format::Q5_0 => 704,
+            Format::Q8_0 => 1088,
+        }
+    }
+
+    /// Columns per packed unit: a super-block, or two 32-column blocks.
+    pub const fn unit_cols(format: Format) -> usize {
+        match format {
+            Format::Q4K | Format::Q6K => 256,
+            _ => 64,
+        }
+    }
+
+    /// Where a 32-column format's values start in a unit.
+    pub const fn values_at(format: Format) -> usize {
+        match format {
+            Format::Q4_1 => 128,
+            Format::Q5_0 => 192,
+            _ => 64,
         }
     }
 
     /// Packs `rows x cols` weights of `format` given as GGUF bytes; `None` when the format has no
     /// packed layout or the rows do not come in whole groups.
     pub fn new(format: Format, rows: usize, cols: usize, bytes: &[u8]) -> Option<Packed> {
-        let block = Self::block_bytes(format)?;
+        let block = Self::block_bytes(format);
+        let unit = Self::unit_cols(format);
         let (elems, sb_bytes) = format.super_block();
-        if rows % ROWS != 0 || cols % elems != 0 || bytes.len() != rows * cols / elems * sb_bytes {
+        if !rows.is_multiple_of(ROWS)
+            || !cols.is_multiple_of(unit)
+            || bytes.len() != rows * cols / elems * sb_bytes
+        {
             return None;
         }
-        let nsb = cols / elems;
+        let nsb = cols / unit;
+        let sb_bytes = sb_bytes * unit / elems;
         let total = rows / ROWS * nsb * block;
         let mut lines = vec![Line([0; 64]); total / 64];
         let data = lines_as_bytes_mut(&mut lines);
@@ -81,7 +114,8 @@ impl Packed {
                     let sb = &bytes[r * row_bytes + s * sb_bytes..][..sb_bytes];
                     match format {
                         Format::Q4K => pack_q4k_lane(sb, l, out),
-                        _ => pack_q6k_lane(sb, l, out),
+                        Format::Q6K => pack_q6k_lane(sb, l, out),
+                        _ => pack32_lane(format, sb, l, out),
                     }
                 }
             }
@@ -98,14 +132,14 @@ impl Packed {
         lines_as_bytes(&self.lines)
     }
 
-    /// Super-blocks per row.
-    pub fn super_blocks(&self) -> usize {
-        self.cols / 256
+    /// Packed units per row.
+    pub fn units(&self) -> usize {
+        self.cols / Self::unit_cols(self.format)
     }
 
-    /// The bytes of group `g` (rows `16g..16g + 16`), all super-blocks.
+    /// The bytes of group `g` (rows `16g..16g + 16`), all units.
     pub fn group(&self, g: usize) -> &[u8] {
-        let len = self.super_blocks() * Self::block_bytes(self.format).unwrap_or(0);
+        let len = self.units() * Self::block_bytes(self.format);
         &self.bytes()[g * len..(g + 1) * len]
     }
 }
@@ -120,10 +154,10 @@ fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
 }
 
-/// Writes 256 small integers of one row (lane `l`) as nibble pairs: per step of 8 columns, lane
+/// Writes small integers of one row (lane `l`) as nibble pairs: per step of 8 columns, lane
 /// `l`'s byte `b` holds column `c + b` low and `c + 4 + b` high.
-fn put_nibbles(q: &[u8; 256], l: usize, out: &mut [u8]) {
-    for step in 0..32 {
+fn put_nibbles(q: &[u8], l: usize, out: &mut [u8]) {
+    for step in 0..q.len() / 8 {
         for b in 0..4 {
             let c = step * 8 + b;
             out[step * 64 + 4 * l + b] = (q[c] & 0xF) | ((q[c + 4] & 0xF) << 4);
@@ -163,6 +197,71 @@ fn pack_q6k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
     }
 }
 
+/// Two 32-column blocks of one row (`sb`, GGUF bytes) into lane `l` of a packed unit.
+fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
+    let bytes = format.super_block().1;
+    let values = Packed::values_at(format);
+    for h in 0..2 {
+        let blk = &sb[h * bytes..(h + 1) * bytes];
+        out[32 * h + 2 * l..32 * h + 2 * l + 2].copy_from_slice(&blk[0..2]);
+        let mut w = [0i8; 32];
+        format.decode32(blk, &mut w);
+        match format {
+            Format::Q8_0 => {
+                for step in 0..8 {
+                    for b in 0..4 {
+                        out[values + 512 * h + 64 * step + 4 * l + b] =
+                            (w[4 * step + b] as u8) ^ 0x80;
+                    }
+                }
+            }
+            _ => {
+                let u = w.map(|v| v as u8);
+                put_nibbles(&u, l, &mut out[values + 256 * h..]);
+                if format == Format::Q4_1 {
+                    let at = Q41_MINS + 32 * h + 2 * l;
+                    out[at..at + 2].copy_from_slice(&blk[2..4]);
+                }
+                if format == Format::Q5_0 {
+                    for b in 0..4 {
+                        let mut byte = 0u8;
+                        for step in 0..4 {
+                            byte |= (u[8 * step + b] >> 4) << (2 * step);
+                            byte |= (u[8 * step + 4 + b] >> 4) << (2 * step + 1);
+                        }
+                        out[Q50_HIGH + 64 * h + 4 * l + b] = byte;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Row `l`'s 64 integers of a packed 32-column unit, as `Format::decode32` gives them.
+fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
+    let mut w = [0i8; 64];
+    let values = Packed::values_at(format);
+    for h in 0..2 {
+        for step in 0..8 {
+            for b in 0..4 {
+                let e = 32 * h + 4 * step + b;
+                w[e] = if format == Format::Q8_0 {
+                    (blk[values + 512 * h + 64 * step + 4 * l + b] ^ 0x80) as i8
+                } else {
+                    let byte = blk[values + 256 * h + 64 * (step / 2) + 4 * l + b];
+                    let mut v = if step % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    if format == Format::Q5_0 {
+                        let high = blk[Q50_HIGH + 64 * h + 4 * l + b];
+                        v |= ((high >> (2 * (step / 2) + step % 2)) & 1) << 4;
+                    }
+                    v as i8
+                };
+            }
+        }
+    }
+    w
+}
+
 /// Row `l`'s 256 integers of a packed super-block (Q4_K: 0..15; Q6_K: 0..63).
 fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
     let mut q = [0u8; 256];
@@ -194,13 +293,30 @@ fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
 /// Plain reference of the packed kernels: the sixteen outputs of group `g` for activation row
 /// `row`, computed from the packed bytes with the same integer sums and scale order.
 pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) -> [f32; 16] {
-    let block = Packed::block_bytes(p.format).expect("packed format");
+    let block = Packed::block_bytes(p.format);
     let group = p.group(g);
     let mut out = [0f32; 16];
     for (l, o) in out.iter_mut().enumerate() {
         let mut acc = 0f32;
-        for s in 0..p.super_blocks() {
+        for s in 0..p.units() {
             let blk = &group[s * block..(s + 1) * block];
+            if !matches!(p.format, Format::Q4K | Format::Q6K) {
+                let w = lane_values32(p.format, blk, l);
+                for h in 0..2 {
+                    let bi = row * acts.k / 32 + 2 * s + h;
+                    let xq = acts.q_at(row, 64 * s + 32 * h);
+                    let a: i32 = (0..32).map(|e| w[32 * h + e] as i32 * xq[e] as i32).sum();
+                    let d = f16_at(blk, 32 * h + 2 * l);
+                    let offset = match p.format {
+                        Format::Q4_0 => -8.0 * d,
+                        Format::Q4_1 => f16_at(blk, Q41_MINS + 32 * h + 2 * l),
+                        Format::Q5_0 => -16.0 * d,
+                        _ => 0.0,
+                    };
+                    acc += a as f32 * (d * acts.d[bi]) + offset * acts.ds[bi];
+                }
+                continue;
+            }
             let q = lane_values(p.format, blk, l);
             let xq = acts.q_at(row, s * 256);
             let dot = |c: usize, n: usize| -> i32 {

@@ -27,6 +27,8 @@ pub struct QuantizedActs {
     pub bsums: Vec<i16>,
     /// The same sums times 32, as i32 (Q6_K's offset, broadcast by the packed kernel).
     pub bsums_x32: Vec<i32>,
+    /// Per 32 elements: the sum of those 32 integers.
+    pub isums: Vec<i32>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
     pub spread_d: Vec<f32>,
@@ -56,6 +58,7 @@ impl QuantizedActs {
         // Padded so that a SIMD load of 16 floats at any block stays inside.
         self.d.resize(nb + 16, 0.0);
         self.ds.resize(rows * k / 32 + 16, 0.0);
+        self.isums.resize(rows * k / 32, 0);
         self.bsums.resize(rows * k / 16, 0);
         self.bsums_x32.resize(rows * k / 16, 0);
         for (b, (xs, qs)) in x
@@ -68,6 +71,7 @@ impl QuantizedActs {
             for (g, grp) in qs.chunks_exact(32).enumerate() {
                 let sum: i32 = grp.iter().map(|&v| v as i32).sum();
                 self.ds[b * block / 32 + g] = d * sum as f32;
+                self.isums[b * block / 32 + g] = sum;
             }
             for (g, grp) in qs.chunks_exact(16).enumerate() {
                 let sum: i16 = grp.iter().map(|&v| v as i16).sum();

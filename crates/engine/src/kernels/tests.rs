@@ -309,7 +309,7 @@ fn long_rows_match_the_scalar_reference() {
 /// of 8 plus every remainder); a row alone gives bit-identical results to the row in a batch.
 #[test]
 fn packed_kernels_match_the_natural_layout() {
-    for (ti, dtype) in [GgmlDType::Q4K, GgmlDType::Q6K].into_iter().enumerate() {
+    for (ti, &dtype) in OWN.iter().enumerate() {
         let f = quant::Format::from_ggml(dtype).unwrap();
         let (rows, cols) = (48, 768);
         let w = random_vec(rows * cols, 400 + ti as u64);
@@ -317,11 +317,16 @@ fn packed_kernels_match_the_natural_layout() {
         let plain = QMatrix::new(dtype, rows, cols, Bytes::owned(&bytes)).unwrap();
         let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
         assert!(packed::Packed::new(f, rows - 1, cols, &bytes[..0]).is_none());
+        let odd_cols = cols - f.act_block();
+        if odd_cols % packed::Packed::unit_cols(f) != 0 {
+            let b = quantize(dtype, &w[..rows * odd_cols]);
+            assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
+        }
         let wf = plain.dequantize();
         for m in [1usize, 2, 3, 5, 8, 13, 17] {
             let x = random_vec(m * cols, 500 + m as u64);
             let mut acts = quant::QuantizedActs::default();
-            acts.quantize(&x, m, cols, 256);
+            acts.quantize(&x, m, cols, f.act_block());
             let mut natural = vec![0f32; m * rows];
             matmul_with(Isa::Scalar, &x, m, &plain, &mut natural);
             let mut reference = vec![0f32; m * rows];

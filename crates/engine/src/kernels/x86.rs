@@ -922,6 +922,131 @@ unsafe fn packed_q6k<const MR: usize>(
     }
 }
 
+/// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
+/// each byte of `h`, moved to bit 4.
+#[inline(always)]
+unsafe fn q5_high(h: __m512i, bit: u32) -> __m512i {
+    let m = _mm512_set1_epi8(0x10);
+    let v = match bit {
+        0 => _mm512_slli_epi16(h, 4),
+        1 => _mm512_slli_epi16(h, 3),
+        2 => _mm512_slli_epi16(h, 2),
+        3 => _mm512_slli_epi16(h, 1),
+        4 => h,
+        5 => _mm512_srli_epi16(h, 1),
+        6 => _mm512_srli_epi16(h, 2),
+        _ => _mm512_srli_epi16(h, 3),
+    };
+    _mm512_and_si512(v, m)
+}
+
+/// Packed 32-column formats (see `packed`), units of two blocks, as `packed_q4k`: per block and
+/// row, the integer sum of the block times the weight scale times the activation scale, plus the
+/// format's offset per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer
+/// activation sum out before scaling).
+#[inline(always)]
+unsafe fn packed32<const F: u8, const MR: usize>(
+    group: &[u8],
+    units: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    use super::packed::{Packed, Q41_MINS, Q50_HIGH};
+    let format = match F {
+        Q4_0 => super::quant::Format::Q4_0,
+        Q4_1 => super::quant::Format::Q4_1,
+        Q5_0 => super::quant::Format::Q5_0,
+        _ => super::quant::Format::Q8_0,
+    };
+    let bytes = Packed::block_bytes(format);
+    let values = Packed::values_at(format);
+    let lines = bytes / 64;
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); MR];
+    let q = acts.q.as_ptr();
+    let k = acts.k;
+    for s in 0..units {
+        let blk = group.as_ptr().add(s * bytes);
+        // The unit after next, half per block.
+        prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
+        prefetch_lines(
+            blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
+            lines - lines / 2,
+        );
+        for h in 0..2 {
+            let dw = f16x16(blk.add(32 * h));
+            let off = match F {
+                Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
+                Q4_1 => f16x16(blk.add(Q41_MINS + 32 * h)),
+                Q5_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-16.0)),
+                _ => _mm512_setzero_ps(),
+            };
+            let mut a = [_mm512_setzero_si512(); MR];
+            let mut a2 = [_mm512_setzero_si512(); MR];
+            let x0 = 64 * s + 32 * h;
+            if F == Q8_0 {
+                for u in 0..8 {
+                    let w = _mm512_loadu_si512(blk.add(values + 512 * h + 64 * u) as *const _);
+                    for r in 0..MR {
+                        let xp = q.add((r0 + r) * k + x0 + 4 * u);
+                        if split_chains::<MR>() && u % 2 == 1 {
+                            a2[r] = _mm512_dpbusd_epi32(a2[r], w, bcast4(xp));
+                        } else {
+                            a[r] = _mm512_dpbusd_epi32(a[r], w, bcast4(xp));
+                        }
+                    }
+                }
+            } else {
+                let high = if F == Q5_0 {
+                    _mm512_loadu_si512(blk.add(Q50_HIGH + 64 * h) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                for u in 0..4 {
+                    let v = _mm512_loadu_si512(blk.add(values + 256 * h + 64 * u) as *const _);
+                    let mut lo = _mm512_and_si512(v, low);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    if F == Q5_0 {
+                        lo = _mm512_or_si512(lo, q5_high(high, 2 * u as u32));
+                        hi = _mm512_or_si512(hi, q5_high(high, 2 * u as u32 + 1));
+                    }
+                    for r in 0..MR {
+                        let xp = q.add((r0 + r) * k + x0 + 8 * u);
+                        a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
+                        if split_chains::<MR>() {
+                            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
+                        } else {
+                            a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
+                        }
+                    }
+                }
+            }
+            for r in 0..MR {
+                let bi = ((r0 + r) * k + x0) / 32;
+                let mut sum = a[r];
+                if split_chains::<MR>() {
+                    sum = _mm512_add_epi32(sum, a2[r]);
+                }
+                if F == Q8_0 {
+                    let bias = *acts.isums.get_unchecked(bi) << 7;
+                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(bias));
+                }
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*acts.d.get_unchecked(bi)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+                if F != Q8_0 {
+                    let ds = _mm512_set1_ps(*acts.ds.get_unchecked(bi));
+                    acc[r] = _mm512_fmadd_ps(off, ds, acc[r]);
+                }
+            }
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(r * stride), *a);
+    }
+}
+
 #[inline(always)]
 unsafe fn packed_tile<const MR: usize>(
     p: &super::packed::Packed,
@@ -931,12 +1056,16 @@ unsafe fn packed_tile<const MR: usize>(
     out: *mut f32,
     stride: usize,
 ) {
+    use super::quant::Format;
     let group = p.group(g);
-    let nsb = p.super_blocks();
-    if p.format == super::quant::Format::Q4K {
-        packed_q4k::<MR>(group, nsb, acts, r0, out, stride)
-    } else {
-        packed_q6k::<MR>(group, nsb, acts, r0, out, stride)
+    let n = p.units();
+    match p.format {
+        Format::Q4K => packed_q4k::<MR>(group, n, acts, r0, out, stride),
+        Format::Q6K => packed_q6k::<MR>(group, n, acts, r0, out, stride),
+        Format::Q4_0 => packed32::<Q4_0, MR>(group, n, acts, r0, out, stride),
+        Format::Q4_1 => packed32::<Q4_1, MR>(group, n, acts, r0, out, stride),
+        Format::Q5_0 => packed32::<Q5_0, MR>(group, n, acts, r0, out, stride),
+        Format::Q8_0 => packed32::<Q8_0, MR>(group, n, acts, r0, out, stride),
     }
 }
 
@@ -946,7 +1075,7 @@ unsafe fn packed_tile<const MR: usize>(
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, VL, BW and VNNI (and AVX2, FMA, F16C); `acts` holds rows
-/// `r0..r0 + m` quantized in 256-blocks over `p.cols` columns; `out` is valid for writes of
+/// `r0..r0 + m` quantized over `p.cols` columns in the blocks the format wants; `out` is valid for writes of
 /// `(m - 1) * stride + 16` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn packed_rows(
