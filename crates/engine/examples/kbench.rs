@@ -1,6 +1,6 @@
 //! Throughput of the quantized matmul on a matrix larger than the caches, at m = 1, 4 and 8 rows,
 //! every implementation the CPU has side by side, runs interleaved so that machine noise hits all
-//! alike (developer tool): `cargo run --release --example kbench -- THREADS [FORMAT [M]]`.
+//! alike (developer tool): `cargo run --release --example kbench -- THREADS [FORMAT [M [COLS]]]`.
 use candle_core::quantized::GgmlDType;
 use engine::kernels::*;
 use std::time::Instant;
@@ -10,7 +10,12 @@ fn main() {
         .map(|s| s.parse().unwrap())
         .unwrap_or(2);
     pool::init(threads);
-    let (rows, cols) = (8960 * 8, 1536);
+    // `-- THREADS FORMAT M COLS`: a matrix of COLS columns (default 1536) and the same size.
+    let cols: usize = std::env::args()
+        .nth(4)
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(1536);
+    let rows = 8960 * 8 * 1536 / cols / 16 * 16;
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -49,7 +54,7 @@ fn main() {
             )
             .collect();
         let bytes = mat.bytes.as_slice().len();
-        for m in [1usize, 4, 8, 16, 32] {
+        for m in [1usize, 4, 8, 16, 32, 256] {
             if only_m.is_some_and(|o| o != m) {
                 continue;
             }

@@ -283,6 +283,9 @@ impl Model {
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
         let mut att = vec![0f32; n * qd];
+        let mut job_out = vec![0f32; n * qd];
+        let threads = kernels::pool::global().threads();
+        let isa = kernels::isa();
         let mut proj = vec![0f32; n * d];
         let mut gate = vec![0f32; n * c.d_ff];
         let mut up = vec![0f32; n * c.d_ff];
@@ -312,29 +315,54 @@ impl Model {
                 );
             }
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
-            // One job per (row, kv head): each key and value is read once for the query heads
-            // that share it.
-            let attend = |scores: &mut Vec<f32>, (idx, out): (usize, &mut [f32])| {
-                let (r, kvh) = (idx / c.n_kv_head, idx % c.n_kv_head);
-                let cache = caches[row_item[r]];
-                let q0 = r * qd + kvh * group * hd;
-                let kv = cache.head(li, kvh, hd, row_pos[r] + 1);
-                kernels::attend(&q[q0..q0 + group * hd], kv, scale, scores, out);
+            // One job per (sequence, kv head, run of its rows): the rows of a run read each key
+            // and value once for all their query heads. Runs are split only as far as the
+            // threads need work.
+            let mut jobs = Vec::new();
+            let mut bounds = vec![0];
+            let mut first = 0;
+            for (bi, item) in batch.iter().enumerate() {
+                let rows = item.tokens.len();
+                let runs = (2 * threads)
+                    .div_ceil(c.n_kv_head * batch.len())
+                    .clamp(1, rows.max(1));
+                for kvh in 0..c.n_kv_head {
+                    for run in 0..runs {
+                        let (r0, r1) = (first + rows * run / runs, first + rows * (run + 1) / runs);
+                        if r1 > r0 {
+                            jobs.push((bi, kvh, r0, r1));
+                            bounds.push(bounds.last().unwrap() + (r1 - r0) * group * hd);
+                        }
+                    }
+                }
+                first += rows;
+            }
+            let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
+                let (bi, kvh, r0, r1) = jobs[j];
+                let kv = caches[bi].head(li, kvh, hd, row_pos[r1 - 1] + 1);
+                let q0 = r0 * qd + kvh * group * hd;
+                kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, scores, out);
             };
             // Threads pay off once there are enough (row, head, position) triples.
             let work: usize = row_pos.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
             if work < 1 << 16 {
                 let mut scores = Vec::new();
-                att.chunks_mut(group * hd)
-                    .enumerate()
-                    .for_each(|job| attend(&mut scores, job));
+                for (j, w) in bounds.windows(2).enumerate() {
+                    attend(&mut scores, j, &mut job_out[w[0]..w[1]]);
+                }
             } else {
                 thread_local! {
                     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
                 }
-                kernels::par_chunks_mut(&mut att, group * hd, &|job, out| {
-                    SCORES.with(|s| attend(&mut s.borrow_mut(), (job, out)));
+                kernels::par_split_mut(&mut job_out[..n * qd], &bounds, &|j, out| {
+                    SCORES.with(|s| attend(&mut s.borrow_mut(), j, out));
                 });
+            }
+            for (&(_, kvh, r0, r1), w) in jobs.iter().zip(bounds.windows(2)) {
+                let part = &job_out[w[0]..w[1]];
+                for (r, o) in (r0..r1).zip(part.chunks(group * hd)) {
+                    att[r * qd + kvh * group * hd..][..group * hd].copy_from_slice(o);
+                }
             }
             kernels::matmul(&att, n, &a.wo, &mut proj);
             add_rows(&mut x, &proj);

@@ -260,6 +260,27 @@ pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, 
     });
 }
 
+/// Calls `f(i, piece_i)` on the pool's threads for the pieces `data[bounds[i]..bounds[i + 1]]`
+/// (`bounds` ascending, from 0 to `data.len()`).
+pub fn par_split_mut<T: Send>(
+    data: &mut [T],
+    bounds: &[usize],
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    assert!(bounds.first() == Some(&0) && bounds.last() == Some(&data.len()));
+    assert!(bounds.windows(2).all(|w| w[0] <= w[1]));
+    let ptr = PiecesPtr(data.as_mut_ptr());
+    pool::global().run(bounds.len() - 1, &|i| {
+        let ptr = ptr;
+        // SAFETY: the pieces are disjoint ranges inside `data` (bounds checked ascending and
+        // within it); `data` stays borrowed until `run` has joined.
+        let piece = unsafe {
+            std::slice::from_raw_parts_mut(ptr.0.add(bounds[i]), bounds[i + 1] - bounds[i])
+        };
+        f(i, piece);
+    });
+}
+
 /// Streaming-read bandwidth in GB/s: the best of a few passes over a buffer of `bytes` (make it
 /// larger than the last-level cache), split over the pool's threads as the matmuls are. This is
 /// what a decode step, which reads every weight once, can get at best.
@@ -363,6 +384,10 @@ pub fn matmul_many(x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
     matmul_many_with(isa(), x, m, jobs)
 }
 
+/// Bytes of quantized activation rows the packed kernels take per pass over a work item's
+/// weights (a block that stays in L2 with them).
+const PACKED_ACT_BYTES: usize = 512 * 1024;
+
 /// Activation rows handled together per pass over a chunk of weight rows (keeps them in L2).
 const ROW_GROUP: usize = 32;
 
@@ -418,13 +443,19 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
             #[cfg(target_arch = "x86_64")]
             if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
-                for g in j0 / packed::ROWS..j1 / packed::ROWS {
-                    // SAFETY: the CPU has AVX-512 VNNI (`isa`); `a` holds the m rows quantized in
-                    // the format's blocks; the writes, rows 0..m at columns 16g..16g + 16, stay inside
-                    // `out` (m * n) and belong to this work item alone.
-                    unsafe {
-                        x86::packed_rows(p, g, a, 0, m, out_ptr.0.add(g * packed::ROWS), w.rows)
-                    };
+                // Blocks of activation rows small enough to stay in L2 while every weight group
+                // of the work item passes over them.
+                let block = (PACKED_ACT_BYTES / w.cols).max(8).next_multiple_of(8);
+                for r0 in (0..m).step_by(block) {
+                    let rows = block.min(m - r0);
+                    for g in j0 / packed::ROWS..j1 / packed::ROWS {
+                        let at = r0 * w.rows + g * packed::ROWS;
+                        // SAFETY: the CPU has AVX-512 VNNI (`isa`); `a` holds the m rows
+                        // quantized in the format's blocks; the writes, rows r0..r0 + rows at
+                        // columns 16g..16g + 16, stay inside `out` (m * n) and belong to this
+                        // work item alone.
+                        unsafe { x86::packed_rows(p, g, a, r0, rows, out_ptr.0.add(at), w.rows) };
+                    }
                 }
                 return;
             }
@@ -607,6 +638,19 @@ pub struct KvHead<'a> {
 /// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
 /// `scores` is scratch; `out` gets one `hd`-long output per query head.
 pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
+    attend_with(isa(), q, kv, scale, scores, out)
+}
+
+/// `attend` with a chosen implementation (AVX-512 for head sizes that are a multiple of 16, AVX2
+/// for multiples of 8, the plain loops otherwise).
+pub fn attend_with(
+    isa: Isa,
+    q: &[f32],
+    kv: KvHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let KvHead { hd, len, .. } = kv;
     let group = q.len() / hd.max(1);
     assert!(hd > 0 && len > 0 && group * hd == q.len() && out.len() == q.len());
@@ -618,12 +662,69 @@ pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out:
     scores.clear();
     scores.resize(group * len, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && hd % 8 == 0 {
-        // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; every key and value read lies
-        // inside the checked span.
-        return unsafe { x86::attend_avx2(q, kv, scale, scores, out) };
+    {
+        if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+            // SAFETY: AVX-512 F, AVX2 and FMA are present (`Isa::detect`), hd is a multiple of
+            // 16; every key and value read lies inside the checked span; one row.
+            return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, scores, out) };
+        }
+        if isa != Isa::Scalar && hd % 8 == 0 {
+            // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; as above.
+            return unsafe { x86::attend_avx2(q, kv, scale, scores, out) };
+        }
     }
+    let _ = isa;
     attend_scalar(q, kv, scale, scores, out)
+}
+
+/// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
+/// the key/value head `kv`: row `r`'s query heads are `q[r * q_stride..][..group * hd]`, it sees the
+/// first `kv.len - (rows - 1 - r)` positions, and its outputs go to `out[r * group * hd..]`. Each
+/// row's result is bit-identical to `attend` on that row alone; the AVX-512 version reads each
+/// key and value once for all the rows.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let KvHead { hd, len, .. } = kv;
+    assert!(rows > 0 && rows <= len && out.len() % rows == 0);
+    let gw = out.len() / rows;
+    assert!(hd > 0 && gw % hd == 0 && (rows - 1) * q_stride + gw <= q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+        let span = (len - 1) * kv.stride + hd;
+        assert!(
+            kv.keys.len() >= span && kv.values.len() >= span,
+            "cache too short"
+        );
+        scores.clear();
+        scores.resize(rows * (gw / hd) * len, 0.0);
+        // SAFETY: AVX-512 F, AVX2 and FMA are present (`Isa::detect`), hd is a multiple of 16;
+        // keys and values lie inside the checked span, queries inside `q`, scores and outputs
+        // are sized above.
+        return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, scores, out) };
+    }
+    for (r, o) in out.chunks_mut(gw).enumerate() {
+        let row_kv = KvHead {
+            len: len - (rows - 1 - r),
+            ..kv
+        };
+        attend_with(
+            isa,
+            &q[r * q_stride..r * q_stride + gw],
+            row_kv,
+            scale,
+            scores,
+            o,
+        );
+    }
 }
 
 /// The plain version of `attend`, one dot product and one scaled sum per head and position.

@@ -241,6 +241,10 @@ fn attention_matches_the_scalar_reference() {
         (40, 7, 5, 80),
         (128, 1, 1, 256),
         (13, 2, 9, 13),
+        (128, 6, 530, 256),
+        (64, 7, 100, 128),
+        (32, 2, 8, 32),
+        (256, 3, 19, 256),
     ] {
         let q = random_vec(group * hd, hd as u64);
         let keys = random_vec((len - 1) * stride + hd, 11 + len as u64);
@@ -257,12 +261,14 @@ fn attention_matches_the_scalar_reference() {
         };
         attend_scalar(&q, kv, scale, &mut scores, &mut want);
         let mut got = vec![0f32; group * hd];
-        attend(&q, kv, scale, &mut Vec::new(), &mut got);
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "hd {hd} group {group} len {len} [{i}]: {a} vs {b}"
-            );
+        for isa in Isa::available() {
+            attend_with(isa, &q, kv, scale, &mut Vec::new(), &mut got);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "{isa:?} hd {hd} group {group} len {len} [{i}]: {a} vs {b}"
+                );
+            }
         }
         // Each output is a convex combination of the values: within their range.
         let (lo, hi) = values
@@ -439,6 +445,66 @@ fn softmax_and_swiglu_match_their_plain_versions() {
                 "swiglu n={n} [{i}] at {}: {p} vs {q}",
                 x[i]
             );
+        }
+    }
+}
+
+/// Several consecutive rows at once: each row bit-identical to `attend` on that row alone (same
+/// implementation), and close to the plain loops.
+#[test]
+fn attention_over_rows_equals_each_row_alone() {
+    for &(hd, group, len, rows, stride) in &[
+        (64usize, 3usize, 70usize, 16usize, 192usize),
+        (128, 6, 530, 5, 256),
+        (32, 1, 9, 9, 32),
+        (40, 2, 12, 3, 80),
+    ] {
+        let q_stride = group * hd + 16;
+        let q = random_vec((rows - 1) * q_stride + group * hd, 31 + hd as u64);
+        let keys = random_vec((len - 1) * stride + hd, 32 + len as u64);
+        let values = random_vec((len - 1) * stride + hd, 33 + len as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            stride,
+            hd,
+            len,
+        };
+        for isa in Isa::available() {
+            let mut all = vec![0f32; rows * group * hd];
+            attend_rows(
+                isa,
+                &q,
+                q_stride,
+                rows,
+                kv,
+                scale,
+                &mut Vec::new(),
+                &mut all,
+            );
+            for r in 0..rows {
+                let row_kv = KvHead {
+                    len: len - (rows - 1 - r),
+                    ..kv
+                };
+                let qr = &q[r * q_stride..r * q_stride + group * hd];
+                let mut one = vec![0f32; group * hd];
+                attend_with(isa, qr, row_kv, scale, &mut Vec::new(), &mut one);
+                let got = &all[r * group * hd..(r + 1) * group * hd];
+                assert_eq!(got, &one[..], "{isa:?} hd {hd} rows {rows} row {r}");
+                let mut plain = vec![0f32; group * hd];
+                attend_scalar(
+                    qr,
+                    row_kv,
+                    scale,
+                    &mut vec![0.0; group * row_kv.len],
+                    &mut plain,
+                );
+                for (a, b) in got.iter().zip(&plain) {
+                    assert!((a - b).abs() <= 1e-5, "{isa:?} hd {hd} row {r}: {a} vs {b}");
+                }
+            }
         }
     }
 }

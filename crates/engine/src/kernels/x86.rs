@@ -1224,3 +1224,159 @@ pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     }
     super::swiglu_scalar(&mut gate[i..], &up[i..n]);
 }
+
+/// The sums of each of eight 16-float vectors, as eight floats. A fixed tree, so a score does not
+/// depend on which other scores share the call.
+#[inline(always)]
+unsafe fn hsum16x8(a: &[__m512; 8]) -> __m256 {
+    let fold = |v: __m512| {
+        _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        )
+    };
+    let h: [__m256; 8] = [
+        fold(a[0]),
+        fold(a[1]),
+        fold(a[2]),
+        fold(a[3]),
+        fold(a[4]),
+        fold(a[5]),
+        fold(a[6]),
+        fold(a[7]),
+    ];
+    hsum8(&h)
+}
+
+/// Scores of query `pq` against keys `t..t + 8`, scaled.
+#[inline(always)]
+unsafe fn scores8(pq: *const f32, pk: *const f32, t: usize, stride: usize, hd: usize) -> __m256 {
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for i in (0..hd).step_by(16) {
+        let qv = _mm512_loadu_ps(pq.add(i));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(pk.add((t + j) * stride + i)), *a);
+        }
+    }
+    hsum16x8(&acc)
+}
+
+/// `kernels::attend_rows` with 512-bit registers, for head sizes that are a multiple of 16.
+/// Scores go eight keys at a time with sixteen products per instruction, each block of keys used
+/// by every query of every row while it is in L1; the value sums go in blocks of 64 positions,
+/// keeping up to 128 output floats of two query heads in registers so that each value is loaded
+/// once for both. Every query head sees the same operations in the same order whatever else
+/// shares the call (rows, pairing), so a row's result does not depend on the batch.
+///
+/// # Safety
+/// The CPU must have AVX-512 F (and AVX2, FMA); `hd % 16 == 0`; the bounds are those
+/// `kernels::attend_rows` checks.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+pub unsafe fn attend_rows_avx512(
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: super::KvHead<'_>,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let super::KvHead {
+        keys,
+        values,
+        stride,
+        hd,
+        len,
+    } = kv;
+    let gw = out.len() / rows;
+    let group = gw / hd;
+    let row_len = |r: usize| len - (rows - 1 - r);
+    let (pk, pv) = (keys.as_ptr(), values.as_ptr());
+    let vscale = _mm256_set1_ps(scale);
+    let sp = scores.as_mut_ptr();
+    let query = |r: usize, g: usize| q.as_ptr().add(r * q_stride + g * hd);
+    // Scores, query (r, g) at scores[(r * group + g) * len..].
+    let mut t = 0;
+    while t + 8 <= len {
+        for r in 0..rows {
+            if t + 8 > row_len(r) {
+                continue;
+            }
+            for g in 0..group {
+                let s = scores8(query(r, g), pk, t, stride, hd);
+                _mm256_storeu_ps(sp.add((r * group + g) * len + t), _mm256_mul_ps(s, vscale));
+            }
+        }
+        t += 8;
+    }
+    for r in 0..rows {
+        let n = row_len(r);
+        for g in 0..group {
+            let pq = query(r, g);
+            let sc = sp.add((r * group + g) * len);
+            for t in n / 8 * 8..n {
+                let mut acc = _mm512_setzero_ps();
+                for i in (0..hd).step_by(16) {
+                    let k = _mm512_loadu_ps(pk.add(t * stride + i));
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), k, acc);
+                }
+                *sc.add(t) = _mm512_reduce_add_ps(acc) * scale;
+            }
+            let at = (r * group + g) * len;
+            super::softmax(&mut scores[at..at + n]);
+        }
+    }
+    // Values, in blocks of positions; the partial sums wait in `out` between blocks.
+    const BLOCK: usize = 64;
+    out.fill(0.0);
+    let sp = scores.as_ptr();
+    let po = out.as_mut_ptr();
+    for t0 in (0..len).step_by(BLOCK) {
+        for r in 0..rows {
+            let t1 = (t0 + BLOCK).min(row_len(r));
+            let mut g = 0;
+            while g < group && t0 < t1 {
+                let pair = g + 1 < group;
+                let (w0, w1) = (
+                    sp.add((r * group + g) * len),
+                    sp.add((r * group + g + 1) * len),
+                );
+                let (o0, o1) = (po.add(r * gw + g * hd), po.add(r * gw + (g + 1) * hd));
+                for i0 in (0..hd).step_by(128) {
+                    let width = (hd - i0).min(128) / 16;
+                    let mut a0 = [_mm512_setzero_ps(); 8];
+                    let mut a1 = [_mm512_setzero_ps(); 8];
+                    for c in 0..width {
+                        a0[c] = _mm512_loadu_ps(o0.add(i0 + 16 * c));
+                        if pair {
+                            a1[c] = _mm512_loadu_ps(o1.add(i0 + 16 * c));
+                        }
+                    }
+                    for t in t0..t1 {
+                        let v = pv.add(t * stride + i0);
+                        let s0 = _mm512_set1_ps(*w0.add(t));
+                        if pair {
+                            let s1 = _mm512_set1_ps(*w1.add(t));
+                            for c in 0..width {
+                                let x = _mm512_loadu_ps(v.add(16 * c));
+                                a0[c] = _mm512_fmadd_ps(s0, x, a0[c]);
+                                a1[c] = _mm512_fmadd_ps(s1, x, a1[c]);
+                            }
+                        } else {
+                            for c in 0..width {
+                                a0[c] = _mm512_fmadd_ps(s0, _mm512_loadu_ps(v.add(16 * c)), a0[c]);
+                            }
+                        }
+                    }
+                    for c in 0..width {
+                        _mm512_storeu_ps(o0.add(i0 + 16 * c), a0[c]);
+                        if pair {
+                            _mm512_storeu_ps(o1.add(i0 + 16 * c), a1[c]);
+                        }
+                    }
+                }
+                g += 2;
+            }
+        }
+    }
+}
