@@ -23,7 +23,7 @@ pub const PREFILL_CHUNK: usize = 256;
 pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.3;
 
 /// Default number of drafted tokens per step (see the README's Benchmarks section).
-pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 3;
+pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
 pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
 
