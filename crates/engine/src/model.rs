@@ -283,14 +283,38 @@ impl Model {
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
         let mut att = vec![0f32; n * qd];
-        let mut job_out = vec![0f32; n * qd];
-        let threads = kernels::pool::global().threads();
-        let isa = kernels::isa();
         let mut proj = vec![0f32; n * d];
         let mut gate = vec![0f32; n * c.d_ff];
         let mut up = vec![0f32; n * c.d_ff];
         let scale = 1.0 / (hd as f32).sqrt();
         let group = c.n_head / c.n_kv_head;
+
+        // Attention jobs, the same in every layer: one per (sequence, kv head, run of its rows),
+        // so that the rows of a run read each key and value once for all their query heads. Runs
+        // are split only as far as the threads need work. Job j writes its rows' outputs to
+        // `job_out[bounds[j]..bounds[j + 1]]`.
+        let threads = kernels::pool::global().threads();
+        let isa = kernels::isa();
+        let mut jobs = Vec::new();
+        let mut bounds = vec![0];
+        let mut first = 0;
+        for (bi, item) in batch.iter().enumerate() {
+            let rows = item.tokens.len();
+            let runs = (2 * threads)
+                .div_ceil(c.n_kv_head * batch.len())
+                .clamp(1, rows.max(1));
+            for kvh in 0..c.n_kv_head {
+                for run in 0..runs {
+                    let (r0, r1) = (first + rows * run / runs, first + rows * (run + 1) / runs);
+                    if r1 > r0 {
+                        jobs.push((bi, kvh, r0, r1));
+                        bounds.push(bounds.last().unwrap() + (r1 - r0) * group * hd);
+                    }
+                }
+            }
+            first += rows;
+        }
+        let mut job_out = vec![0f32; n * qd];
 
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
@@ -315,28 +339,6 @@ impl Model {
                 );
             }
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
-            // One job per (sequence, kv head, run of its rows): the rows of a run read each key
-            // and value once for all their query heads. Runs are split only as far as the
-            // threads need work.
-            let mut jobs = Vec::new();
-            let mut bounds = vec![0];
-            let mut first = 0;
-            for (bi, item) in batch.iter().enumerate() {
-                let rows = item.tokens.len();
-                let runs = (2 * threads)
-                    .div_ceil(c.n_kv_head * batch.len())
-                    .clamp(1, rows.max(1));
-                for kvh in 0..c.n_kv_head {
-                    for run in 0..runs {
-                        let (r0, r1) = (first + rows * run / runs, first + rows * (run + 1) / runs);
-                        if r1 > r0 {
-                            jobs.push((bi, kvh, r0, r1));
-                            bounds.push(bounds.last().unwrap() + (r1 - r0) * group * hd);
-                        }
-                    }
-                }
-                first += rows;
-            }
             let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
                 let (bi, kvh, r0, r1) = jobs[j];
                 let kv = caches[bi].head(li, kvh, hd, row_pos[r1 - 1] + 1);
@@ -354,7 +356,7 @@ impl Model {
                 thread_local! {
                     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
                 }
-                kernels::par_split_mut(&mut job_out[..n * qd], &bounds, &|j, out| {
+                kernels::par_split_mut(&mut job_out, &bounds, &|j, out| {
                     SCORES.with(|s| attend(&mut s.borrow_mut(), j, out));
                 });
             }

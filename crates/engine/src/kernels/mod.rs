@@ -226,31 +226,23 @@ fn dequantize_row_typed<T: GgmlType>(w: &QMatrix, r: usize, out: &mut [f32]) {
     T::to_float(&all[r * per_row..(r + 1) * per_row], out);
 }
 
-/// A raw pointer that worker threads use to write disjoint parts of one output buffer.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every worker writes a disjoint set of indices (its own output columns), and the buffer
-// outlives the parallel loop, which joins before `matmul` returns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-/// A raw pointer to the start of a buffer whose disjoint pieces worker threads fill.
-struct PiecesPtr<T>(*mut T);
-impl<T> Clone for PiecesPtr<T> {
+/// A raw pointer to the start of a buffer whose disjoint parts worker threads write.
+struct OutPtr<T>(*mut T);
+impl<T> Clone for OutPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<T> Copy for PiecesPtr<T> {}
-// SAFETY: each worker touches only its own piece (see `par_chunks_mut`), and the buffer outlives
-// the parallel loop.
-unsafe impl<T: Send> Send for PiecesPtr<T> {}
-unsafe impl<T: Send> Sync for PiecesPtr<T> {}
+impl<T> Copy for OutPtr<T> {}
+// SAFETY: every user has each worker write a disjoint set of indices (its own output columns or
+// piece), and the buffer outlives the parallel loop, which joins before the caller returns.
+unsafe impl<T: Send> Send for OutPtr<T> {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
 
 /// Calls `f(i, chunk_i)` for the consecutive `chunk`-long pieces of `data` on the pool's threads.
 pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
     assert!(chunk > 0 && data.len() % chunk == 0);
-    let ptr = PiecesPtr(data.as_mut_ptr());
+    let ptr = OutPtr(data.as_mut_ptr());
     pool::global().run(data.len() / chunk, &|i| {
         let ptr = ptr;
         // SAFETY: piece i covers [i * chunk, (i + 1) * chunk), inside `data` and disjoint from
@@ -269,7 +261,7 @@ pub fn par_split_mut<T: Send>(
 ) {
     assert!(bounds.first() == Some(&0) && bounds.last() == Some(&data.len()));
     assert!(bounds.windows(2).all(|w| w[0] <= w[1]));
-    let ptr = PiecesPtr(data.as_mut_ptr());
+    let ptr = OutPtr(data.as_mut_ptr());
     pool::global().run(bounds.len() - 1, &|i| {
         let ptr = ptr;
         // SAFETY: the pieces are disjoint ranges inside `data` (bounds checked ascending and
