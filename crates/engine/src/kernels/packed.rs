@@ -9,9 +9,10 @@
 //! `vpdpbusd`, which is what makes passes over several tokens (verification, prefill) cheaper.
 //!
 //! Packing is done once at load (every own format: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) when the
-//! kernels in use are the AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for embedding lookups and the
-//! other implementations). Every pass over a packed matrix, whatever its number of rows, goes
-//! through the packed kernel, so a row's logits never depend on how many rows share the pass.
+//! kernels in use are the AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for
+//! embedding lookups and the other implementations). Every pass over a packed matrix, whatever its
+//! number of rows, goes through the packed kernel, so a row's logits never depend on how many rows
+//! share the pass.
 //!
 //! Layout per group of 16 rows and super-block of 256 columns (each a multiple of 64 bytes):
 //! - Q4_K, 2368 bytes: `d[16]` and `dmin[16]` as f16; `scale[8][16]` and `min[8][16]` as u8; then
