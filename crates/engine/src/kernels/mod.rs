@@ -120,6 +120,30 @@ impl Bytes {
         }
     }
 
+    /// Tells the kernel that the pages of a mapped window are not needed now (after packing: the
+    /// packed copy is what the kernels read). They stay valid: a later read (an embedding row)
+    /// faults them back in from the file. Owned bytes are left alone.
+    pub fn release_pages(&self) {
+        if let Bytes::Mapped { map, start, len } = self {
+            const PAGE: usize = 4096;
+            let first = start.next_multiple_of(PAGE);
+            let end = (start + len) / PAGE * PAGE;
+            if end > first {
+                // SAFETY: the map is a read-only private mapping of the model file that nothing
+                // writes; MADV_DONTNEED only drops its resident pages, and the next read of them
+                // gets the same bytes from the file. The range is page-aligned and inside the map.
+                // A failure only means the pages stay resident.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        first,
+                        end - first,
+                    )
+                };
+            }
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
@@ -189,6 +213,9 @@ impl QMatrix {
             if let Some(f) = Format::from_ggml(self.dtype) {
                 self.packed = packed::Packed::new(f, self.rows, self.cols, self.bytes.as_slice())
                     .map(Arc::new);
+                if self.packed.is_some() {
+                    self.bytes.release_pages();
+                }
             }
         }
         self
