@@ -770,6 +770,60 @@ const fn split_chains<const MR: usize>() -> bool {
     MR < 4
 }
 
+/// One step of eight columns: `lo` holds each lane's first four columns, `hi` the next four;
+/// activation row `r`'s eight bytes are at `x + r * k`.
+#[inline(always)]
+unsafe fn nibble_step<const MR: usize>(
+    a: &mut [__m512i; MR],
+    a2: &mut [__m512i; MR],
+    lo: __m512i,
+    hi: __m512i,
+    x: *const i8,
+    k: usize,
+) {
+    for r in 0..MR {
+        let xp = x.add(r * k);
+        a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
+        if split_chains::<MR>() {
+            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
+        } else {
+            a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
+        }
+    }
+}
+
+/// Each row's integer sum of a sub-block from its one or two chains.
+#[inline(always)]
+unsafe fn chain_sum<const MR: usize>(a: &[__m512i; MR], a2: &[__m512i; MR], r: usize) -> __m512i {
+    if split_chains::<MR>() {
+        _mm512_add_epi32(a[r], a2[r])
+    } else {
+        a[r]
+    }
+}
+
+/// End of a K-quant super-block: each row's scaled sum times its activation scale.
+#[inline(always)]
+unsafe fn add_super_block<const MR: usize>(
+    acc: &mut [__m512; MR],
+    sbacc: &[__m512; MR],
+    acts: &QuantizedActs,
+    r0: usize,
+    s: usize,
+) {
+    for r in 0..MR {
+        let dx = *acts.d.get_unchecked((r0 + r) * acts.k / 256 + s);
+        acc[r] = _mm512_fmadd_ps(sbacc[r], _mm512_set1_ps(dx), acc[r]);
+    }
+}
+
+#[inline(always)]
+unsafe fn store_rows<const MR: usize>(acc: &[__m512; MR], out: *mut f32, stride: usize) {
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(r * stride), *a);
+    }
+}
+
 /// Packed Q4_K (see `packed`): the sixteen rows of one group against activation rows
 /// `r0..r0 + MR`; row `r`'s sixteen results go to `out + r * stride`.
 #[inline(always)]
@@ -807,35 +861,21 @@ unsafe fn packed_q4k<const MR: usize>(
                 let v = _mm512_loadu_si512(qs.add(64 * u) as *const _);
                 let lo = _mm512_and_si512(v, low);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                for r in 0..MR {
-                    let xp = q.add((r0 + r) * k + s * 256 + 32 * j + 8 * u);
-                    a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
-                    if split_chains::<MR>() {
-                        a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
-                    } else {
-                        a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
-                    }
-                }
+                let x = q.add(r0 * k + s * 256 + 32 * j + 8 * u);
+                nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
             }
             let sc = _mm512_mul_ps(sc, d);
             let mn = _mm512_mul_ps(mn, dmin);
             for r in 0..MR {
-                if split_chains::<MR>() {
-                    a[r] = _mm512_add_epi32(a[r], a2[r]);
-                }
-                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), sc, sbacc[r]);
+                let sum = chain_sum::<MR>(&a, &a2, r);
+                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, sbacc[r]);
                 let ds = *acts.ds.get_unchecked(((r0 + r) * k + s * 256) / 32 + j);
                 acc[r] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(ds), acc[r]);
             }
         }
-        for r in 0..MR {
-            let dx = *acts.d.get_unchecked((r0 + r) * k / 256 + s);
-            acc[r] = _mm512_fmadd_ps(sbacc[r], _mm512_set1_ps(dx), acc[r]);
-        }
+        add_super_block::<MR>(&mut acc, &sbacc, acts, r0, s);
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(r * stride), *a);
-    }
+    store_rows::<MR>(&acc, out, stride);
 }
 
 /// The top two bits of four columns, from bits `2i..2i + 2` of each byte of `h`, moved to bits 4
@@ -889,37 +929,22 @@ unsafe fn packed_q6k<const MR: usize>(
                 };
                 let lo = _mm512_or_si512(_mm512_and_si512(v, low), hl);
                 let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), hh);
-                for r in 0..MR {
-                    let xp = q.add((r0 + r) * k + s * 256 + 16 * t + 8 * u);
-                    a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
-                    if split_chains::<MR>() {
-                        a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
-                    } else {
-                        a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
-                    }
-                }
+                let x = q.add(r0 * k + s * 256 + 16 * t + 8 * u);
+                nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
             }
             let sc = _mm512_mul_ps(sc, d);
             for r in 0..MR {
-                if split_chains::<MR>() {
-                    a[r] = _mm512_add_epi32(a[r], a2[r]);
-                }
                 // The values are stored plus 32: take 32 times the activation sum back out.
                 let off = *acts
                     .bsums_x32
                     .get_unchecked(((r0 + r) * k + s * 256) / 16 + t);
-                let a = _mm512_sub_epi32(a[r], _mm512_set1_epi32(off));
-                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sc, sbacc[r]);
+                let sum = _mm512_sub_epi32(chain_sum::<MR>(&a, &a2, r), _mm512_set1_epi32(off));
+                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, sbacc[r]);
             }
         }
-        for r in 0..MR {
-            let dx = *acts.d.get_unchecked((r0 + r) * k / 256 + s);
-            acc[r] = _mm512_fmadd_ps(sbacc[r], _mm512_set1_ps(dx), acc[r]);
-        }
+        add_super_block::<MR>(&mut acc, &sbacc, acts, r0, s);
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(r * stride), *a);
-    }
+    store_rows::<MR>(&acc, out, stride);
 }
 
 /// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
@@ -1012,23 +1037,13 @@ unsafe fn packed32<const F: u8, const MR: usize>(
                         lo = _mm512_or_si512(lo, q5_high(high, 2 * u as u32));
                         hi = _mm512_or_si512(hi, q5_high(high, 2 * u as u32 + 1));
                     }
-                    for r in 0..MR {
-                        let xp = q.add((r0 + r) * k + x0 + 8 * u);
-                        a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
-                        if split_chains::<MR>() {
-                            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
-                        } else {
-                            a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
-                        }
-                    }
+                    let x = q.add(r0 * k + x0 + 8 * u);
+                    nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
                 }
             }
             for r in 0..MR {
                 let bi = ((r0 + r) * k + x0) / 32;
-                let mut sum = a[r];
-                if split_chains::<MR>() {
-                    sum = _mm512_add_epi32(sum, a2[r]);
-                }
+                let mut sum = chain_sum::<MR>(&a, &a2, r);
                 if F == Q8_0 {
                     let bias = *acts.isums.get_unchecked(bi) << 7;
                     sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(bias));
@@ -1042,9 +1057,7 @@ unsafe fn packed32<const F: u8, const MR: usize>(
             }
         }
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(r * stride), *a);
-    }
+    store_rows::<MR>(&acc, out, stride);
 }
 
 #[inline(always)]
