@@ -1,6 +1,6 @@
 //! Throughput of the quantized matmul on a matrix larger than the caches, at m = 1, 4 and 8 rows,
 //! every implementation the CPU has side by side, runs interleaved so that machine noise hits all
-//! alike (developer tool): `cargo run --release --example kbench -- THREADS [FORMAT [M [COLS]]]`.
+//! alike (developer tool): `cargo run --release --example kbench -- THREADS [FORMAT [M [COLS [ROWS]]]]`.
 use candle_core::quantized::GgmlDType;
 use engine::kernels::*;
 use std::time::Instant;
@@ -15,7 +15,11 @@ fn main() {
         .nth(4)
         .map(|s| s.parse().unwrap())
         .unwrap_or(1536);
-    let rows = 8960 * 8 * 1536 / cols / 16 * 16;
+    // `ROWS` (fifth argument): a smaller matrix, to time the kernels out of the caches.
+    let rows = std::env::args()
+        .nth(5)
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(8960 * 8 * 1536 / cols / 16 * 16);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();

@@ -1,29 +1,45 @@
 //! The key/value cache of one sequence: preallocated for its whole capacity and indexed by
 //! position, so appending writes in place and cutting back (`truncate`) is O(1): positions past the
 //! new length are simply overwritten by the next pass.
+//!
+//! Each layer and head has its own region. Values are stored one position after another; keys
+//! transposed, one row of positions per dimension (see `kernels::KvHead`), which turns the
+//! attention scores into plain vector products.
 
 use crate::kernels::KvHead;
 
 pub struct KvCache {
+    /// Per layer, `kv_dim` rows of `key_stride` positions (each head's `hd` rows together).
     keys: Vec<f32>,
+    /// Per layer and head, `capacity` rows of `hd`.
     values: Vec<f32>,
+    hd: usize,
     n_layer: usize,
     kv_dim: usize,
     capacity: usize,
+    key_stride: usize,
     len: usize,
 }
 
 impl KvCache {
     /// Reserves `n_layer * capacity * kv_dim` keys and as many values. The zeroed allocation is
     /// lazy on Linux: memory is only committed for positions actually written.
-    pub fn new(n_layer: usize, kv_dim: usize, capacity: usize) -> Self {
-        let size = n_layer * capacity * kv_dim;
+    pub fn new(n_layer: usize, kv_dim: usize, hd: usize, capacity: usize) -> Self {
+        assert!(
+            hd > 0 && kv_dim % hd == 0,
+            "heads of {hd} do not divide {kv_dim}"
+        );
+        // Key rows start on cache lines and lie an odd number of lines apart, so that the rows
+        // of one block of positions spread over every L1 set.
+        let key_stride = 16 * (capacity.div_ceil(16) | 1);
         KvCache {
-            keys: vec![0.0; size],
-            values: vec![0.0; size],
+            keys: vec![0.0; n_layer * kv_dim * key_stride],
+            values: vec![0.0; n_layer * capacity * kv_dim],
+            hd,
             n_layer,
             kv_dim,
             capacity,
+            key_stride,
             len: 0,
         }
     }
@@ -51,25 +67,35 @@ impl KvCache {
         self.len = len;
     }
 
-    fn offset(&self, layer: usize, pos: usize) -> usize {
-        debug_assert!(layer < self.n_layer && pos < self.capacity);
-        (layer * self.capacity + pos) * self.kv_dim
+    /// Where the values of `head` in `layer` start.
+    fn value_base(&self, layer: usize, head: usize) -> usize {
+        debug_assert!(layer < self.n_layer && head * self.hd < self.kv_dim);
+        (layer * self.kv_dim + head * self.hd) * self.capacity
     }
 
     pub(crate) fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
-        let o = self.offset(layer, pos);
-        self.keys[o..o + self.kv_dim].copy_from_slice(key);
-        self.values[o..o + self.kv_dim].copy_from_slice(value);
+        debug_assert!(pos < self.capacity);
+        let hd = self.hd;
+        for (head, v) in value[..self.kv_dim].chunks(hd).enumerate() {
+            let o = self.value_base(layer, head) + pos * hd;
+            self.values[o..o + hd].copy_from_slice(v);
+        }
+        let rows = &mut self.keys[layer * self.kv_dim * self.key_stride..];
+        for (i, &k) in key[..self.kv_dim].iter().enumerate() {
+            rows[i * self.key_stride + pos] = k;
+        }
     }
 
-    /// The first `len` keys and values of head `head` (`hd` wide) in layer `layer`.
-    pub(crate) fn head(&self, layer: usize, head: usize, hd: usize, len: usize) -> KvHead<'_> {
-        let o = self.offset(layer, 0) + head * hd;
-        let end = self.offset(layer, 0) + self.capacity * self.kv_dim;
+    /// The first `len` keys and values of head `head` in layer `layer`.
+    pub(crate) fn head(&self, layer: usize, head: usize, len: usize) -> KvHead<'_> {
+        let hd = self.hd;
+        let v = self.value_base(layer, head);
+        let k = (layer * self.kv_dim + head * hd) * self.key_stride;
         KvHead {
-            keys: &self.keys[o..end],
-            values: &self.values[o..end],
-            stride: self.kv_dim,
+            keys: &self.keys[k..k + hd * self.key_stride],
+            values: &self.values[v..v + self.capacity * hd],
+            key_stride: self.key_stride,
+            value_stride: hd,
             hd,
             len,
         }
@@ -82,21 +108,28 @@ mod tests {
 
     #[test]
     fn truncate_keeps_prefix_and_later_writes_overwrite() {
-        let mut c = KvCache::new(2, 4, 8);
+        let mut c = KvCache::new(2, 4, 2, 8);
+        // Key dimension i of position p is 10p + i: each read below picks one position of one
+        // head.
+        let key_at = |pos: usize| -> Vec<f32> { (0..4).map(|i| (10 * pos + i) as f32).collect() };
         for pos in 0..5 {
-            c.write(1, pos, &[pos as f32; 4], &[-(pos as f32); 4]);
+            c.write(1, pos, &key_at(pos), &[-(pos as f32); 4]);
         }
         c.set_len(5);
         c.truncate(3);
         assert_eq!(c.len(), 3);
-        let key = |c: &KvCache, pos: usize, head: usize, hd: usize| {
-            c.head(1, head, hd, 4).keys[pos * 4..pos * 4 + hd].to_vec()
+        let key = |c: &KvCache, pos: usize, head: usize| {
+            let h = c.head(1, head, 4);
+            (0..2)
+                .map(|i| h.keys[i * h.key_stride + pos])
+                .collect::<Vec<_>>()
         };
-        assert_eq!(key(&c, 2, 0, 4), [2.0; 4]);
-        assert_eq!(c.head(1, 0, 4, 4).values[2 * 4..3 * 4], [-2.0; 4]);
+        assert_eq!(key(&c, 2, 0), key_at(2)[..2]);
+        assert_eq!(key(&c, 4, 1), key_at(4)[2..]);
+        assert_eq!(c.head(1, 1, 4).values[2 * 2..3 * 2], [-2.0; 2]);
         c.write(1, 3, &[9.0; 4], &[9.0; 4]);
         c.set_len(4);
-        assert_eq!(key(&c, 3, 1, 2), [9.0; 2]);
+        assert_eq!(key(&c, 3, 1), [9.0; 2]);
         c.truncate(10);
         assert_eq!(c.len(), 4, "truncate never grows");
     }

@@ -234,7 +234,12 @@ impl Model {
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.n_layer, c.kv_dim(), capacity.min(c.context_len))
+        KvCache::new(
+            c.n_layer,
+            c.kv_dim(),
+            c.head_dim,
+            capacity.min(c.context_len),
+        )
     }
 
     /// Runs the new tokens of every item through the model, appends their keys and values to each
@@ -341,7 +346,7 @@ impl Model {
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
             let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
                 let (bi, kvh, r0, r1) = jobs[j];
-                let kv = caches[bi].head(li, kvh, hd, row_pos[r1 - 1] + 1);
+                let kv = caches[bi].head(li, kvh, row_pos[r1 - 1] + 1);
                 let q0 = r0 * qd + kvh * group * hd;
                 kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, scores, out);
             };

@@ -650,15 +650,34 @@ pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// One key/value head of a cache: key `t` is `keys[t * stride..][..hd]`, value `t` likewise, for
-/// the first `len` positions.
+/// One key/value head of a cache over its first `len` positions. Keys are stored transposed, one
+/// row per dimension: dimension `i` of key `t` is `keys[i * key_stride + t]`, so that the scores
+/// of consecutive positions are one vector product away (no horizontal sums); value `t` is
+/// `values[t * value_stride..][..hd]`.
 #[derive(Clone, Copy)]
 pub struct KvHead<'a> {
     pub keys: &'a [f32],
     pub values: &'a [f32],
-    pub stride: usize,
+    pub key_stride: usize,
+    pub value_stride: usize,
     pub hd: usize,
     pub len: usize,
+}
+
+impl KvHead<'_> {
+    /// Panics unless every key and value of the `len` positions lies inside the slices.
+    fn check(&self) {
+        let Self { hd, len, .. } = *self;
+        assert!(
+            hd > 0 && len > 0 && len <= self.key_stride,
+            "key rows too short"
+        );
+        assert!(
+            self.keys.len() >= (hd - 1) * self.key_stride + len
+                && self.values.len() >= (len - 1) * self.value_stride + hd,
+            "cache too short"
+        );
+    }
 }
 
 /// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
@@ -678,13 +697,9 @@ pub fn attend_with(
     out: &mut [f32],
 ) {
     let KvHead { hd, len, .. } = kv;
-    let group = q.len() / hd.max(1);
-    assert!(hd > 0 && len > 0 && group * hd == q.len() && out.len() == q.len());
-    let span = (len - 1) * kv.stride + hd;
-    assert!(
-        kv.keys.len() >= span && kv.values.len() >= span,
-        "cache too short"
-    );
+    kv.check();
+    let group = q.len() / hd;
+    assert!(group * hd == q.len() && out.len() == q.len());
     scores.clear();
     scores.resize(group * len, 0.0);
     #[cfg(target_arch = "x86_64")]
@@ -725,11 +740,7 @@ pub fn attend_rows(
     assert!(hd > 0 && gw % hd == 0 && (rows - 1) * q_stride + gw <= q.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni && hd % 16 == 0 {
-        let span = (len - 1) * kv.stride + hd;
-        assert!(
-            kv.keys.len() >= span && kv.values.len() >= span,
-            "cache too short"
-        );
+        kv.check();
         scores.clear();
         scores.resize(rows * (gw / hd) * len, 0.0);
         // SAFETY: AVX-512 F, AVX2 and FMA are present (`Isa::detect`), hd is a multiple of 16;
@@ -758,23 +769,32 @@ pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], 
     let KvHead {
         keys,
         values,
-        stride,
+        key_stride,
+        value_stride,
         hd,
         len,
     } = kv;
     let group = q.len() / hd;
-    for t in 0..len {
-        let key = &keys[t * stride..t * stride + hd];
-        for g in 0..group {
-            scores[g * len + t] = dot_scalar(&q[g * hd..(g + 1) * hd], key) * scale;
-        }
-    }
     for g in 0..group {
-        softmax(&mut scores[g * len..(g + 1) * len]);
+        // Along the rows of keys: every score sums its products in the order of the dimensions.
+        let sc = &mut scores[g * len..(g + 1) * len];
+        sc.fill(0.0);
+        for (i, qi) in q[g * hd..(g + 1) * hd].iter().enumerate() {
+            for (s, k) in sc
+                .iter_mut()
+                .zip(&keys[i * key_stride..i * key_stride + len])
+            {
+                *s += qi * k;
+            }
+        }
+        for s in sc.iter_mut() {
+            *s *= scale;
+        }
+        softmax(sc);
     }
     out.fill(0.0);
     for t in 0..len {
-        let value = &values[t * stride..t * stride + hd];
+        let value = &values[t * value_stride..t * value_stride + hd];
         for g in 0..group {
             axpy_scalar(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
         }

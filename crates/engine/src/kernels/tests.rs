@@ -247,7 +247,9 @@ fn attention_matches_the_scalar_reference() {
         (256, 3, 19, 256),
     ] {
         let q = random_vec(group * hd, hd as u64);
-        let keys = random_vec((len - 1) * stride + hd, 11 + len as u64);
+        // Key rows a little longer than the positions, at an odd stride.
+        let key_stride = len + hd % 7;
+        let keys = random_vec((hd - 1) * key_stride + len, 11 + len as u64);
         let values = random_vec((len - 1) * stride + hd, 12 + len as u64);
         let scale = 1.0 / (hd as f32).sqrt();
         let mut scores = vec![0f32; group * len];
@@ -255,7 +257,8 @@ fn attention_matches_the_scalar_reference() {
         let kv = KvHead {
             keys: &keys,
             values: &values,
-            stride,
+            key_stride,
+            value_stride: stride,
             hd,
             len,
         };
@@ -461,13 +464,15 @@ fn attention_over_rows_equals_each_row_alone() {
     ] {
         let q_stride = group * hd + 16;
         let q = random_vec((rows - 1) * q_stride + group * hd, 31 + hd as u64);
-        let keys = random_vec((len - 1) * stride + hd, 32 + len as u64);
+        let key_stride = len.next_multiple_of(16) + 16;
+        let keys = random_vec(hd * key_stride, 32 + len as u64);
         let values = random_vec((len - 1) * stride + hd, 33 + len as u64);
         let scale = 1.0 / (hd as f32).sqrt();
         let kv = KvHead {
             keys: &keys,
             values: &values,
-            stride,
+            key_stride,
+            value_stride: stride,
             hd,
             len,
         };

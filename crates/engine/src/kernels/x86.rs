@@ -659,24 +659,10 @@ pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// The sums of each of eight vectors, as one vector.
-#[inline(always)]
-unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
-    let t0 = _mm256_hadd_ps(a[0], a[1]);
-    let t1 = _mm256_hadd_ps(a[2], a[3]);
-    let t2 = _mm256_hadd_ps(a[4], a[5]);
-    let t3 = _mm256_hadd_ps(a[6], a[7]);
-    let u0 = _mm256_hadd_ps(t0, t1);
-    let u1 = _mm256_hadd_ps(t2, t3);
-    _mm256_add_ps(
-        _mm256_permute2f128_ps::<0x20>(u0, u1),
-        _mm256_permute2f128_ps::<0x31>(u0, u1),
-    )
-}
-
 /// `kernels::attend` for head sizes that are a multiple of 8. Scores go eight positions at a
-/// time (one query load per eight keys, one horizontal reduction per eight scores); the value sum
-/// keeps up to 64 output floats of a head in registers while it walks the positions.
+/// time down the transposed keys (one broadcast query element per row of keys, no horizontal
+/// sums); the value sum keeps up to 64 output floats of a head in registers while it walks the
+/// positions.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the bounds are those `kernels::attend` checks.
@@ -691,7 +677,8 @@ pub unsafe fn attend_avx2(
     let super::KvHead {
         keys,
         values,
-        stride,
+        key_stride: ks,
+        value_stride: stride,
         hd,
         len,
     } = kv;
@@ -701,25 +688,38 @@ pub unsafe fn attend_avx2(
     for g in 0..group {
         let pq = q.as_ptr().add(g * hd);
         let sc = scores.as_mut_ptr().add(g * len);
+        // Each score is one fused multiply-add chain over the dimensions, in order, in its own
+        // lane (or in the scalar tail): the same arithmetic wherever the position falls.
         let mut t = 0;
-        while t + 8 <= len {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for i in (0..hd).step_by(8) {
-                let qv = _mm256_loadu_ps(pq.add(i));
+        while t + 32 <= len {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..hd {
+                let qi = _mm256_set1_ps(*pq.add(i));
+                let k = pk.add(i * ks + t);
                 for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((t + j) * stride + i)), *a);
+                    *a = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k.add(8 * j)), *a);
                 }
             }
-            _mm256_storeu_ps(sc.add(t), _mm256_mul_ps(hsum8(&acc), vscale));
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(sc.add(t + 8 * j), _mm256_mul_ps(*a, vscale));
+            }
+            t += 32;
+        }
+        while t + 8 <= len {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..hd {
+                let k = _mm256_loadu_ps(pk.add(i * ks + t));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(*pq.add(i)), k, acc);
+            }
+            _mm256_storeu_ps(sc.add(t), _mm256_mul_ps(acc, vscale));
             t += 8;
         }
         while t < len {
-            let mut acc = _mm256_setzero_ps();
-            for i in (0..hd).step_by(8) {
-                let k = _mm256_loadu_ps(pk.add(t * stride + i));
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), k, acc);
+            let mut acc = 0f32;
+            for i in 0..hd {
+                acc = (*pq.add(i)).mul_add(*pk.add(i * ks + t), acc);
             }
-            *sc.add(t) = hsum(acc) * scale;
+            *sc.add(t) = acc * scale;
             t += 1;
         }
         super::softmax(&mut scores[g * len..(g + 1) * len]);
@@ -1186,7 +1186,23 @@ unsafe fn exp8(x: __m256) -> __m256 {
 pub unsafe fn softmax_avx2(x: &mut [f32]) {
     let n = x.len();
     let p = x.as_mut_ptr();
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // The maximum, in four independent lanes of vectors (the order does not change a maximum).
+    let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, m) in m.iter_mut().enumerate() {
+            *m = _mm256_max_ps(*m, _mm256_loadu_ps(p.add(i + 8 * j)));
+        }
+        i += 32;
+    }
+    let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    let max = lanes
+        .iter()
+        .chain(&x[i..])
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     let vmax = _mm256_set1_ps(max);
     let mut vsum = _mm256_setzero_ps();
     let mut i = 0;
@@ -1238,48 +1254,128 @@ pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     super::swiglu_scalar(&mut gate[i..], &up[i..n]);
 }
 
-/// The sums of each of eight 16-float vectors, as eight floats. A fixed tree, so a score does not
-/// depend on which other scores share the call.
-#[inline(always)]
-unsafe fn hsum16x8(a: &[__m512; 8]) -> __m256 {
-    let fold = |v: __m512| {
-        _mm256_add_ps(
-            _mm512_castps512_ps256(v),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-        )
-    };
-    let h: [__m256; 8] = [
-        fold(a[0]),
-        fold(a[1]),
-        fold(a[2]),
-        fold(a[3]),
-        fold(a[4]),
-        fold(a[5]),
-        fold(a[6]),
-        fold(a[7]),
-    ];
-    hsum8(&h)
-}
+/// Positions per block of the AVX-512 attention: four vectors of scores, and the keys and values
+/// of a block (`hd` x 64 floats each) stay in L1 while every query of the job uses them.
+const ATT_BLOCK: usize = 64;
 
-/// Scores of query `pq` against keys `t..t + 8`, scaled.
+/// Scores of `Q` queries (element `i` of query `j` at `qs[j] + i`) against positions
+/// `t0..t0 + 64` of the transposed keys at `pk` (row `i` at `pk + i * ks`), scaled, to
+/// `outs[j] + t0..`; lanes whose mask bit is clear are neither read nor written. Each score is one
+/// fused multiply-add chain over the dimensions in order, whatever else shares the tile.
 #[inline(always)]
-unsafe fn scores8(pq: *const f32, pk: *const f32, t: usize, stride: usize, hd: usize) -> __m256 {
-    let mut acc = [_mm512_setzero_ps(); 8];
-    for i in (0..hd).step_by(16) {
-        let qv = _mm512_loadu_ps(pq.add(i));
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_tile<const Q: usize>(
+    qs: &[*const f32],
+    outs: &[*mut f32],
+    pk: *const f32,
+    ks: usize,
+    hd: usize,
+    t0: usize,
+    masks: [__mmask16; 4],
+    scale: __m512,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+    for i in 0..hd {
+        let k = pk.add(i * ks + t0);
+        let kv = [
+            _mm512_maskz_loadu_ps(masks[0], k),
+            _mm512_maskz_loadu_ps(masks[1], k.add(16)),
+            _mm512_maskz_loadu_ps(masks[2], k.add(32)),
+            _mm512_maskz_loadu_ps(masks[3], k.add(48)),
+        ];
         for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(pk.add((t + j) * stride + i)), *a);
+            let qi = _mm512_set1_ps(*qs[j].add(i));
+            for (p, a) in a.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(qi, kv[p], *a);
+            }
         }
     }
-    hsum16x8(&acc)
+    for (j, a) in acc.iter().enumerate() {
+        for (p, a) in a.iter().enumerate() {
+            _mm512_mask_storeu_ps(outs[j].add(t0 + 16 * p), masks[p], _mm512_mul_ps(*a, scale));
+        }
+    }
 }
 
-/// `kernels::attend_rows` with 512-bit registers, for head sizes that are a multiple of 16.
-/// Scores go eight keys at a time with sixteen products per instruction, each block of keys used
-/// by every query of every row while it is in L1; the value sums go in blocks of 64 positions,
-/// keeping up to 128 output floats of two query heads in registers so that each value is loaded
-/// once for both. Every query head sees the same operations in the same order whatever else
-/// shares the call (rows, pairing), so a row's result does not depend on the batch.
+/// Adds `sum_t w[j][t] * value_t[i0..i0 + 16 W]` over `t0..t1` to `outs[j] + i0..` for `Q`
+/// queries (weights of query `j` at `ws[j]`; value `t` at `pv + t * stride`); `first` starts the
+/// sums from zero instead of reading them. Each output lane is one multiply-add chain over the
+/// positions in order, whatever else shares the tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_tile<const Q: usize, const W: usize>(
+    ws: &[*const f32],
+    outs: &[*mut f32],
+    pv: *const f32,
+    stride: usize,
+    i0: usize,
+    t0: usize,
+    t1: usize,
+    first: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); W]; Q];
+    if !first {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (c, a) in a.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(outs[j].add(i0 + 16 * c));
+            }
+        }
+    }
+    for t in t0..t1 {
+        let v = pv.add(t * stride + i0);
+        let mut w = [_mm512_setzero_ps(); Q];
+        for (j, w) in w.iter_mut().enumerate() {
+            *w = _mm512_set1_ps(*ws[j].add(t));
+        }
+        for c in 0..W {
+            let x = _mm512_loadu_ps(v.add(16 * c));
+            for j in 0..Q {
+                acc[j][c] = _mm512_fmadd_ps(w[j], x, acc[j][c]);
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        for (c, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(outs[j].add(i0 + 16 * c), *a);
+        }
+    }
+}
+
+/// `values_tile` for `q.len()` (1..=6) queries, `W` vectors wide.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_tiles<const W: usize>(
+    ws: &[*const f32],
+    outs: &[*mut f32],
+    pv: *const f32,
+    stride: usize,
+    i0: usize,
+    t0: usize,
+    t1: usize,
+    first: bool,
+) {
+    // Up to 24 accumulators: three queries of 128 floats, six of 64 or less.
+    let most = if W > 4 { 3 } else { 6 };
+    for j0 in (0..ws.len()).step_by(most) {
+        let j1 = (j0 + most).min(ws.len());
+        let (w, o) = (&ws[j0..j1], &outs[j0..j1]);
+        match j1 - j0 {
+            1 => values_tile::<1, W>(w, o, pv, stride, i0, t0, t1, first),
+            2 => values_tile::<2, W>(w, o, pv, stride, i0, t0, t1, first),
+            3 => values_tile::<3, W>(w, o, pv, stride, i0, t0, t1, first),
+            4 => values_tile::<4, W>(w, o, pv, stride, i0, t0, t1, first),
+            5 => values_tile::<5, W>(w, o, pv, stride, i0, t0, t1, first),
+            _ => values_tile::<6, W>(w, o, pv, stride, i0, t0, t1, first),
+        }
+    }
+}
+
+/// `kernels::attend_rows` with 512-bit registers, for head sizes that are a multiple of 16: a
+/// small matrix product in blocks of 64 positions. Scores: tiles of up to six queries (of any
+/// rows) times 64 positions, 24 accumulators, each row of transposed keys loaded once per tile
+/// and each query element broadcast. Values: tiles of up to six query heads of a row times up to
+/// 128 output floats, each value loaded once per tile. Every score and output is the same chain
+/// of operations whatever shares the call, so a row's result does not depend on the batch.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F (and AVX2, FMA); `hd % 16 == 0`; the bounds are those
@@ -1297,98 +1393,85 @@ pub unsafe fn attend_rows_avx512(
     let super::KvHead {
         keys,
         values,
-        stride,
+        key_stride: ks,
+        value_stride: stride,
         hd,
         len,
     } = kv;
     let gw = out.len() / rows;
     let group = gw / hd;
+    let nq = rows * group;
     let row_len = |r: usize| len - (rows - 1 - r);
     let (pk, pv) = (keys.as_ptr(), values.as_ptr());
-    let vscale = _mm256_set1_ps(scale);
+    let vscale = _mm512_set1_ps(scale);
+    // Query `j` is head `j % group` of row `j / group`; its scores take `len` floats at
+    // `scores[j * len..]` (a row with fewer positions leaves the end of its scores unused).
     let sp = scores.as_mut_ptr();
-    let query = |r: usize, g: usize| q.as_ptr().add(r * q_stride + g * hd);
-    // Scores, query (r, g) at scores[(r * group + g) * len..].
-    let mut t = 0;
-    while t + 8 <= len {
-        for r in 0..rows {
-            if t + 8 > row_len(r) {
-                continue;
+    for t0 in (0..len).step_by(ATT_BLOCK) {
+        let lanes = |p: usize| -> __mmask16 {
+            let n = len.saturating_sub(t0 + 16 * p).min(16);
+            ((1u32 << n) - 1) as __mmask16
+        };
+        let masks = [lanes(0), lanes(1), lanes(2), lanes(3)];
+        for j0 in (0..nq).step_by(6) {
+            let j1 = (j0 + 6).min(nq);
+            let mut qs = [std::ptr::null::<f32>(); 6];
+            let mut os = [std::ptr::null_mut::<f32>(); 6];
+            for j in j0..j1 {
+                qs[j - j0] = q.as_ptr().add((j / group) * q_stride + (j % group) * hd);
+                os[j - j0] = sp.add(j * len);
             }
-            for g in 0..group {
-                let s = scores8(query(r, g), pk, t, stride, hd);
-                _mm256_storeu_ps(sp.add((r * group + g) * len + t), _mm256_mul_ps(s, vscale));
+            let (qs, os) = (&qs[..j1 - j0], &os[..j1 - j0]);
+            match j1 - j0 {
+                1 => scores_tile::<1>(qs, os, pk, ks, hd, t0, masks, vscale),
+                2 => scores_tile::<2>(qs, os, pk, ks, hd, t0, masks, vscale),
+                3 => scores_tile::<3>(qs, os, pk, ks, hd, t0, masks, vscale),
+                4 => scores_tile::<4>(qs, os, pk, ks, hd, t0, masks, vscale),
+                5 => scores_tile::<5>(qs, os, pk, ks, hd, t0, masks, vscale),
+                _ => scores_tile::<6>(qs, os, pk, ks, hd, t0, masks, vscale),
             }
         }
-        t += 8;
     }
-    for r in 0..rows {
-        let n = row_len(r);
-        for g in 0..group {
-            let pq = query(r, g);
-            let sc = sp.add((r * group + g) * len);
-            for t in n / 8 * 8..n {
-                let mut acc = _mm512_setzero_ps();
-                for i in (0..hd).step_by(16) {
-                    let k = _mm512_loadu_ps(pk.add(t * stride + i));
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), k, acc);
-                }
-                *sc.add(t) = _mm512_reduce_add_ps(acc) * scale;
-            }
-            let at = (r * group + g) * len;
-            super::softmax(&mut scores[at..at + n]);
-        }
+    for j in 0..nq {
+        let n = row_len(j / group);
+        super::softmax(&mut scores[j * len..j * len + n]);
     }
     // Values, in blocks of positions; the partial sums wait in `out` between blocks.
-    const BLOCK: usize = 64;
-    out.fill(0.0);
     let sp = scores.as_ptr();
     let po = out.as_mut_ptr();
-    for t0 in (0..len).step_by(BLOCK) {
+    for t0 in (0..len).step_by(ATT_BLOCK) {
         for r in 0..rows {
-            let t1 = (t0 + BLOCK).min(row_len(r));
-            let mut g = 0;
-            while g < group && t0 < t1 {
-                let pair = g + 1 < group;
-                let (w0, w1) = (
-                    sp.add((r * group + g) * len),
-                    sp.add((r * group + g + 1) * len),
-                );
-                let (o0, o1) = (po.add(r * gw + g * hd), po.add(r * gw + (g + 1) * hd));
-                for i0 in (0..hd).step_by(128) {
-                    let width = (hd - i0).min(128) / 16;
-                    let mut a0 = [_mm512_setzero_ps(); 8];
-                    let mut a1 = [_mm512_setzero_ps(); 8];
-                    for c in 0..width {
-                        a0[c] = _mm512_loadu_ps(o0.add(i0 + 16 * c));
-                        if pair {
-                            a1[c] = _mm512_loadu_ps(o1.add(i0 + 16 * c));
-                        }
-                    }
-                    for t in t0..t1 {
-                        let v = pv.add(t * stride + i0);
-                        let s0 = _mm512_set1_ps(*w0.add(t));
-                        if pair {
-                            let s1 = _mm512_set1_ps(*w1.add(t));
-                            for c in 0..width {
-                                let x = _mm512_loadu_ps(v.add(16 * c));
-                                a0[c] = _mm512_fmadd_ps(s0, x, a0[c]);
-                                a1[c] = _mm512_fmadd_ps(s1, x, a1[c]);
-                            }
-                        } else {
-                            for c in 0..width {
-                                a0[c] = _mm512_fmadd_ps(s0, _mm512_loadu_ps(v.add(16 * c)), a0[c]);
-                            }
-                        }
-                    }
-                    for c in 0..width {
-                        _mm512_storeu_ps(o0.add(i0 + 16 * c), a0[c]);
-                        if pair {
-                            _mm512_storeu_ps(o1.add(i0 + 16 * c), a1[c]);
-                        }
+            let t1 = (t0 + ATT_BLOCK).min(row_len(r));
+            if t0 >= t1 {
+                continue;
+            }
+            let first = t0 == 0;
+            for g0 in (0..group).step_by(6) {
+                let g1 = (g0 + 6).min(group);
+                let mut ws = [std::ptr::null::<f32>(); 6];
+                let mut os = [std::ptr::null_mut::<f32>(); 6];
+                for g in g0..g1 {
+                    ws[g - g0] = sp.add((r * group + g) * len);
+                    os[g - g0] = po.add(r * gw + g * hd);
+                }
+                let (ws, os) = (&ws[..g1 - g0], &os[..g1 - g0]);
+                let mut i0 = 0;
+                while i0 < hd {
+                    let w = (hd - i0) / 16;
+                    if w >= 8 {
+                        values_tiles::<8>(ws, os, pv, stride, i0, t0, t1, first);
+                        i0 += 128;
+                    } else if w >= 4 {
+                        values_tiles::<4>(ws, os, pv, stride, i0, t0, t1, first);
+                        i0 += 64;
+                    } else if w >= 2 {
+                        values_tiles::<2>(ws, os, pv, stride, i0, t0, t1, first);
+                        i0 += 32;
+                    } else {
+                        values_tiles::<1>(ws, os, pv, stride, i0, t0, t1, first);
+                        i0 += 16;
                     }
                 }
-                g += 2;
             }
         }
     }
