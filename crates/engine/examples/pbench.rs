@@ -1,5 +1,7 @@
 //! Repeats one forward pass of N new tokens over a cache of C tokens, for profiling with `perf`
-//! (developer tool): `cargo run --release --example pbench -- PATH N [REPEATS [CONTEXT [THREADS]]]`.
+//! (developer tool): `cargo run --release --example pbench -- PATH N [REPEATS [CONTEXT [THREADS
+//! [last]]]]]`; with `last`, logits of the last row only, as in prefill (else every row's, as in
+//! verification).
 use engine::gguf::GgufFile;
 use engine::kernels::pool;
 use engine::model::{BatchItem, Model};
@@ -13,6 +15,7 @@ fn main() {
     };
     let path = std::env::args().nth(1).expect("model path");
     let (n, repeats, context, threads) = (arg(2, 16), arg(3, 20), arg(4, 512), arg(5, 2));
+    let all_logits = std::env::args().nth(6).as_deref() != Some("last");
     pool::init(threads);
     let model = Model::load(&GgufFile::open(std::path::Path::new(&path)).unwrap()).unwrap();
     let tokens: Vec<u32> = (0..context + n)
@@ -35,7 +38,7 @@ fn main() {
             .forward(&mut [BatchItem {
                 tokens: &tokens[context..],
                 cache: &mut cache,
-                all_logits: true,
+                all_logits,
             }])
             .unwrap();
         times.push(t.elapsed().as_secs_f64() * 1e3);

@@ -61,24 +61,42 @@ impl QuantizedActs {
         self.isums.resize(rows * k / 32, 0);
         self.bsums.resize(rows * k / 16, 0);
         self.bsums_x32.resize(rows * k / 16, 0);
-        for (b, (xs, qs)) in x
-            .chunks_exact(block)
-            .zip(self.q.chunks_exact_mut(block))
-            .enumerate()
-        {
-            let d = quantize_block(isa, xs, qs);
-            self.d[b] = d;
-            for (g, grp) in qs.chunks_exact(32).enumerate() {
-                let sum: i32 = grp.iter().map(|&v| v as i32).sum();
-                self.ds[b * block / 32 + g] = d * sum as f32;
-                self.isums[b * block / 32 + g] = sum;
-            }
-            for (g, grp) in qs.chunks_exact(16).enumerate() {
-                let sum: i16 = grp.iter().map(|&v| v as i16).sum();
-                self.bsums[b * block / 16 + g] = sum;
-                self.bsums_x32[b * block / 16 + g] = 32 * sum as i32;
-            }
+        // Rows go to the pool in runs once there are enough of them (a prefill chunk): every
+        // block is quantized on its own, so the split does not change a bit.
+        let threads = super::pool::global().threads();
+        let runs = if threads > 1 && rows >= 4 && rows * k >= 1 << 15 {
+            (2 * threads).min(rows)
+        } else {
+            1
+        };
+        let (mut x, mut q, mut d) = (&x[..rows * k], &mut self.q[..], &mut self.d[..nb]);
+        let (mut ds, mut isums) = (&mut self.ds[..rows * k / 32], &mut self.isums[..]);
+        let (mut bsums, mut bsums_x32) = (&mut self.bsums[..], &mut self.bsums_x32[..]);
+        let mut parts = Vec::with_capacity(runs);
+        for i in 0..runs {
+            let n = (rows * (i + 1) / runs - rows * i / runs) * k;
+            let (xa, xb) = x.split_at(n);
+            let (qa, qb) = q.split_at_mut(n);
+            let (da, db) = d.split_at_mut(n / block);
+            let (dsa, dsb) = ds.split_at_mut(n / 32);
+            let (ia, ib) = isums.split_at_mut(n / 32);
+            let (ba, bb) = bsums.split_at_mut(n / 16);
+            let (b32a, b32b) = bsums_x32.split_at_mut(n / 16);
+            parts.push(std::sync::Mutex::new(Blocks {
+                x: xa,
+                q: qa,
+                d: da,
+                ds: dsa,
+                isums: ia,
+                bsums: ba,
+                bsums_x32: b32a,
+            }));
+            (x, q, d, ds, isums, bsums, bsums_x32) = (xb, qb, db, dsb, ib, bb, b32b);
         }
+        super::pool::global().run(runs, &|i| {
+            let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            part.quantize(isa, block);
+        });
     }
 
     /// Fills `spread_d` from `d` (32-blocks).
@@ -100,6 +118,41 @@ impl QuantizedActs {
     #[inline(always)]
     pub fn block_index(&self, row: usize, b: usize) -> usize {
         row * (self.k / self.block) + b
+    }
+}
+
+/// A run of whole rows: the values and their share of every output of `QuantizedActs`.
+struct Blocks<'a> {
+    x: &'a [f32],
+    q: &'a mut [i8],
+    d: &'a mut [f32],
+    ds: &'a mut [f32],
+    isums: &'a mut [i32],
+    bsums: &'a mut [i16],
+    bsums_x32: &'a mut [i32],
+}
+
+impl Blocks<'_> {
+    fn quantize(&mut self, isa: super::Isa, block: usize) {
+        for (b, (xs, qs)) in self
+            .x
+            .chunks_exact(block)
+            .zip(self.q.chunks_exact_mut(block))
+            .enumerate()
+        {
+            let d = quantize_block(isa, xs, qs);
+            self.d[b] = d;
+            for (g, grp) in qs.chunks_exact(32).enumerate() {
+                let sum: i32 = grp.iter().map(|&v| v as i32).sum();
+                self.ds[b * block / 32 + g] = d * sum as f32;
+                self.isums[b * block / 32 + g] = sum;
+            }
+            for (g, grp) in qs.chunks_exact(16).enumerate() {
+                let sum: i16 = grp.iter().map(|&v| v as i16).sum();
+                self.bsums[b * block / 16 + g] = sum;
+                self.bsums_x32[b * block / 16 + g] = 32 * sum as i32;
+            }
+        }
     }
 }
 

@@ -420,6 +420,37 @@ fn activation_quantization_is_the_same_on_every_isa() {
     }
 }
 
+/// Many rows at once (quantized in runs on the pool's threads) give every row exactly what
+/// quantizing it alone gives.
+#[test]
+fn activation_quantization_of_many_rows_equals_each_row_alone() {
+    let (rows, k) = (37, 1024);
+    let x = random_vec(rows * k, 78);
+    for block in [32, 256] {
+        let mut all = quant::QuantizedActs::default();
+        all.quantize(&x, rows, k, block);
+        for r in 0..rows {
+            let mut one = quant::QuantizedActs::default();
+            one.quantize(&x[r * k..(r + 1) * k], 1, k, block);
+            let (b, s32, s16) = (k / block, k / 32, k / 16);
+            assert_eq!(
+                all.q[r * k..(r + 1) * k],
+                one.q[..],
+                "block {block} row {r}"
+            );
+            assert_eq!(
+                all.d[r * b..(r + 1) * b],
+                one.d[..b],
+                "block {block} row {r}"
+            );
+            assert_eq!(all.ds[r * s32..(r + 1) * s32], one.ds[..s32]);
+            assert_eq!(all.isums[r * s32..(r + 1) * s32], one.isums[..]);
+            assert_eq!(all.bsums[r * s16..(r + 1) * s16], one.bsums[..]);
+            assert_eq!(all.bsums_x32[r * s16..(r + 1) * s16], one.bsums_x32[..]);
+        }
+    }
+}
+
 /// Softmax and SwiGLU (vectorized exponential) against their plain versions, over lengths with
 /// and without a tail and values from far below to far above zero.
 #[test]
