@@ -1415,6 +1415,10 @@ pub unsafe fn attend_rows_avx512(
         let masks = [lanes(0), lanes(1), lanes(2), lanes(3)];
         for j0 in (0..nq).step_by(6) {
             let j1 = (j0 + 6).min(nq);
+            // Past the last position any query of the tile sees (the tile's last row sees most).
+            if t0 >= row_len((j1 - 1) / group) {
+                continue;
+            }
             let mut qs = [std::ptr::null::<f32>(); 6];
             let mut os = [std::ptr::null_mut::<f32>(); 6];
             for j in j0..j1 {
