@@ -47,18 +47,20 @@ pub const Q6K_QH: usize = 2368;
 pub const Q41_MINS: usize = 64;
 pub const Q50_HIGH: usize = 64;
 
-/// One cache line, so that the packed data is 64-byte aligned.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
 /// A weight matrix in the interleaved layout.
 pub struct Packed {
     pub format: Format,
     pub rows: usize,
     pub cols: usize,
-    lines: Vec<Line>,
+    /// An anonymous mapping holding the packed bytes at `start..start + len`.
+    map: memmap2::MmapMut,
+    start: usize,
+    len: usize,
 }
+
+/// Transparent huge pages, where the kernel gives them: a decode step streams every weight once,
+/// and with 4 KiB pages that is a TLB miss every 64 lines.
+const HUGE_PAGE: usize = 2 << 20;
 
 impl Packed {
     /// Bytes of one packed unit of 16 rows.
@@ -105,8 +107,19 @@ impl Packed {
         let nsb = cols / unit;
         let sb_bytes = sb_bytes * unit / elems;
         let total = rows / ROWS * nsb * block;
-        let mut lines = vec![Line([0; 64]); total / 64];
-        let data = lines_as_bytes_mut(&mut lines);
+        // Matrices of a huge page or more start on a huge-page boundary of a mapping advised to
+        // use them (pages are only committed as packing writes them, so the slack costs none).
+        let slack = if total >= HUGE_PAGE { HUGE_PAGE } else { 0 };
+        let mut map = memmap2::MmapMut::map_anon(total + slack).ok()?;
+        let base = map.as_ptr() as usize;
+        let start = if slack > 0 {
+            // A refusal only means ordinary pages.
+            let _ = map.advise(memmap2::Advice::HugePage);
+            base.next_multiple_of(HUGE_PAGE) - base
+        } else {
+            0
+        };
+        let data = &mut map[start..start + total];
         let row_bytes = nsb * sb_bytes;
         super::par_chunks_mut(data, nsb * block, &|g, out_group| {
             for (s, out) in out_group.chunks_exact_mut(block).enumerate() {
@@ -125,12 +138,15 @@ impl Packed {
             format,
             rows,
             cols,
-            lines,
+            map,
+            start,
+            len: total,
         })
     }
 
+    /// The packed bytes (64-byte aligned: mappings start on pages).
     pub fn bytes(&self) -> &[u8] {
-        lines_as_bytes(&self.lines)
+        &self.map[self.start..self.start + self.len]
     }
 
     /// Packed units per row.
@@ -143,16 +159,6 @@ impl Packed {
         let len = self.units() * Self::block_bytes(self.format);
         &self.bytes()[g * len..(g + 1) * len]
     }
-}
-
-fn lines_as_bytes(lines: &[Line]) -> &[u8] {
-    // SAFETY: `Line` is 64 plain bytes with no padding.
-    unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
-}
-
-fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
-    // SAFETY: as above, and the borrow is exclusive.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
 }
 
 /// Writes small integers of one row (lane `l`) as nibble pairs: per step of 8 columns, lane
