@@ -332,7 +332,7 @@ fn packed_kernels_match_the_natural_layout() {
             assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
         }
         let wf = plain.dequantize();
-        for m in [1usize, 2, 3, 5, 8, 13, 17] {
+        for m in [1usize, 2, 3, 5, 8, 13, 17, 70] {
             let x = random_vec(m * cols, 500 + m as u64);
             let mut acts = quant::QuantizedActs::default();
             acts.quantize(&x, m, cols, f.act_block());
