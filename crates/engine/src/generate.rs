@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 pub const PREFILL_CHUNK: usize = 256;
 
 /// Prior guess of the extra cost of each drafted token in a pass, relative to a one-token pass
-/// (refined from measured pass times as the sequence decodes).
-pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.3;
+/// (refined from measured pass times as the sequence decodes). `pld bench forward` puts it at
+/// 0.05-0.15 with the packed kernels on all three models.
+pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.1;
 
 /// Default number of drafted tokens per step (see the README's Benchmarks section).
 pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
