@@ -470,11 +470,14 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             #[cfg(target_arch = "x86_64")]
             if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
                 // Blocks of activation rows small enough to stay in L2 while every weight group
-                // of the work item passes over them.
-                let block = (PACKED_ACT_BYTES / w.cols).max(8).next_multiple_of(8);
-                // Prefill-sized blocks go eight rows at a time over every group of the item
-                // (whose weights stay in L2), so that each row's outputs are written in order.
-                let block = if m > 64 { 8 } else { block };
+                // of the work item passes over them; prefill-sized products go eight rows at a
+                // time over every group of the item (whose weights then stay in L2), so that each
+                // row's outputs are written in order, not sixteen floats to a page per group.
+                let block = if m > 64 {
+                    8
+                } else {
+                    (PACKED_ACT_BYTES / w.cols).max(8).next_multiple_of(8)
+                };
                 for r0 in (0..m).step_by(block) {
                     let rows = block.min(m - r0);
                     for g in j0 / packed::ROWS..j1 / packed::ROWS {

@@ -93,7 +93,8 @@ impl Packed {
     }
 
     /// Packs `rows x cols` weights of `format` given as GGUF bytes; `None` when the format has no
-    /// packed layout or the rows do not come in whole groups.
+    /// packed layout, the rows do not come in whole groups or no memory could be mapped for the
+    /// copy (the matrix then stays in its natural layout).
     pub fn new(format: Format, rows: usize, cols: usize, bytes: &[u8]) -> Option<Packed> {
         let block = Self::block_bytes(format);
         let unit = Self::unit_cols(format);

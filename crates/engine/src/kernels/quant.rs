@@ -69,29 +69,21 @@ impl QuantizedActs {
         } else {
             1
         };
-        let (mut x, mut q, mut d) = (&x[..rows * k], &mut self.q[..], &mut self.d[..nb]);
-        let (mut ds, mut isums) = (&mut self.ds[..rows * k / 32], &mut self.isums[..]);
-        let (mut bsums, mut bsums_x32) = (&mut self.bsums[..], &mut self.bsums_x32[..]);
+        let mut rest = Blocks {
+            x: &x[..rows * k],
+            q: &mut self.q[..],
+            d: &mut self.d[..nb],
+            ds: &mut self.ds[..rows * k / 32],
+            isums: &mut self.isums[..],
+            bsums: &mut self.bsums[..],
+            bsums_x32: &mut self.bsums_x32[..],
+        };
         let mut parts = Vec::with_capacity(runs);
         for i in 0..runs {
             let n = (rows * (i + 1) / runs - rows * i / runs) * k;
-            let (xa, xb) = x.split_at(n);
-            let (qa, qb) = q.split_at_mut(n);
-            let (da, db) = d.split_at_mut(n / block);
-            let (dsa, dsb) = ds.split_at_mut(n / 32);
-            let (ia, ib) = isums.split_at_mut(n / 32);
-            let (ba, bb) = bsums.split_at_mut(n / 16);
-            let (b32a, b32b) = bsums_x32.split_at_mut(n / 16);
-            parts.push(std::sync::Mutex::new(Blocks {
-                x: xa,
-                q: qa,
-                d: da,
-                ds: dsa,
-                isums: ia,
-                bsums: ba,
-                bsums_x32: b32a,
-            }));
-            (x, q, d, ds, isums, bsums, bsums_x32) = (xb, qb, db, dsb, ib, bb, b32b);
+            let (run, after) = rest.split_at(n, block);
+            parts.push(std::sync::Mutex::new(run));
+            rest = after;
         }
         super::pool::global().run(runs, &|i| {
             let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -132,7 +124,38 @@ struct Blocks<'a> {
     bsums_x32: &'a mut [i32],
 }
 
-impl Blocks<'_> {
+impl<'a> Blocks<'a> {
+    /// The first `n` values (whole blocks of `block`) and the rest.
+    fn split_at(self, n: usize, block: usize) -> (Blocks<'a>, Blocks<'a>) {
+        let (x, x2) = self.x.split_at(n);
+        let (q, q2) = self.q.split_at_mut(n);
+        let (d, d2) = self.d.split_at_mut(n / block);
+        let (ds, ds2) = self.ds.split_at_mut(n / 32);
+        let (isums, isums2) = self.isums.split_at_mut(n / 32);
+        let (bsums, bsums2) = self.bsums.split_at_mut(n / 16);
+        let (bsums_x32, bsums_x32_2) = self.bsums_x32.split_at_mut(n / 16);
+        (
+            Blocks {
+                x,
+                q,
+                d,
+                ds,
+                isums,
+                bsums,
+                bsums_x32,
+            },
+            Blocks {
+                x: x2,
+                q: q2,
+                d: d2,
+                ds: ds2,
+                isums: isums2,
+                bsums: bsums2,
+                bsums_x32: bsums_x32_2,
+            },
+        )
+    }
+
     fn quantize(&mut self, isa: super::Isa, block: usize) {
         for (b, (xs, qs)) in self
             .x
