@@ -436,13 +436,13 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         for (slot, block) in [(0usize, 32usize), (1, 256)] {
             if own.iter().any(|(f, _, _)| f.act_block() == block) {
                 acts[slot].quantize_with(isa, x, m, k, block);
-                // Only the natural-layout 512-bit tiles read the spread scales.
-                let natural = |w: &QMatrix| w.packed.is_none();
+                // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
+                // scales.
                 if block == 32
                     && isa == Isa::Avx512Vnni
                     && own
                         .iter()
-                        .any(|(f, w, _)| f.act_block() == 32 && natural(w))
+                        .any(|(f, w, _)| f.act_block() == 32 && w.packed.is_none())
                 {
                     acts[slot].spread();
                 }

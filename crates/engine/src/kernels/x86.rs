@@ -659,6 +659,30 @@ pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Scores of query `pq` against the `8 V` positions whose transposed keys start at `pk` (row `i`
+/// at `pk + i * ks`), scaled, to `sc`: one fused multiply-add chain per lane over the dimensions.
+#[inline(always)]
+unsafe fn scores_avx2<const V: usize>(
+    pq: *const f32,
+    pk: *const f32,
+    ks: usize,
+    hd: usize,
+    sc: *mut f32,
+    scale: __m256,
+) {
+    let mut acc = [_mm256_setzero_ps(); V];
+    for i in 0..hd {
+        let qi = _mm256_set1_ps(*pq.add(i));
+        let k = pk.add(i * ks);
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k.add(8 * j)), *a);
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(sc.add(8 * j), _mm256_mul_ps(*a, scale));
+    }
+}
+
 /// `kernels::attend` for head sizes that are a multiple of 8. Scores go eight positions at a
 /// time down the transposed keys (one broadcast query element per row of keys, no horizontal
 /// sums); the value sum keeps up to 64 output floats of a head in registers while it walks the
@@ -692,26 +716,11 @@ pub unsafe fn attend_avx2(
         // lane (or in the scalar tail): the same arithmetic wherever the position falls.
         let mut t = 0;
         while t + 32 <= len {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for i in 0..hd {
-                let qi = _mm256_set1_ps(*pq.add(i));
-                let k = pk.add(i * ks + t);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k.add(8 * j)), *a);
-                }
-            }
-            for (j, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(sc.add(t + 8 * j), _mm256_mul_ps(*a, vscale));
-            }
+            scores_avx2::<4>(pq, pk.add(t), ks, hd, sc.add(t), vscale);
             t += 32;
         }
         while t + 8 <= len {
-            let mut acc = _mm256_setzero_ps();
-            for i in 0..hd {
-                let k = _mm256_loadu_ps(pk.add(i * ks + t));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(*pq.add(i)), k, acc);
-            }
-            _mm256_storeu_ps(sc.add(t), _mm256_mul_ps(acc, vscale));
+            scores_avx2::<1>(pq, pk.add(t), ks, hd, sc.add(t), vscale);
             t += 8;
         }
         while t < len {
