@@ -1,18 +1,18 @@
 //! `pld generate`: one prompt in, text streamed out (or one JSON object), with `--compare` to run
 //! plain and speculative greedy decoding side by side.
 
-use crate::spec::{SpecArgs, Speculation};
+use crate::bench::results::SpeculationReport;
+use crate::spec::SpecArgs;
 use clap::Args;
+use drafting::SpecConfig;
 use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message, SamplingParams};
 use serde_json::json;
 use std::io::Write;
 
-pub const DEFAULT_MODEL: &str = "qwen-coder-1.5b";
-
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// Model alias (fetched on first use) or path to a .gguf file.
-    #[arg(long, default_value = DEFAULT_MODEL)]
+    #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
     /// The prompt text.
     #[arg(
@@ -66,8 +66,8 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    pub fn config(&self, spec: &Speculation) -> GenerationConfig {
-        let mut c = GenerationConfig {
+    pub fn config(&self, speculation: SpecConfig) -> GenerationConfig {
+        GenerationConfig {
             max_new_tokens: self.max_tokens,
             sampling: SamplingParams {
                 do_sample: self.temperature > 0.0,
@@ -78,11 +78,10 @@ impl GenerateArgs {
                 repetition_penalty: self.repetition_penalty,
             },
             seed: self.seed,
+            speculation,
             stop: self.stop.clone(),
             ..Default::default()
-        };
-        spec.apply(&mut c);
-        c
+        }
     }
 
     fn prompt_text(&self, lm: &LoadedModel) -> anyhow::Result<String> {
@@ -104,7 +103,23 @@ impl GenerateArgs {
     }
 }
 
-pub fn output_json(out: &GenerationOutput, spec: &Speculation) -> serde_json::Value {
+pub fn output_json(out: &GenerationOutput, spec: &SpecConfig) -> serde_json::Value {
+    let mut speculation = serde_json::to_value(SpeculationReport::from(spec))
+        .expect("plain data serializes");
+    speculation.as_object_mut().expect("an object").extend([
+        ("steps".into(), json!(out.stats.steps)),
+        ("draft_tokens".into(), json!(out.stats.draft_tokens)),
+        ("accepted_tokens".into(), json!(out.stats.accepted_tokens)),
+        ("acceptance_rate".into(), json!(out.stats.acceptance_rate())),
+        (
+            "mean_accepted_tokens".into(),
+            json!(out.stats.mean_accepted_tokens()),
+        ),
+        (
+            "propose_us_per_step".into(),
+            json!(out.stats.propose_us_per_step()),
+        ),
+    ]);
     json!({
         "text": out.text,
         "token_ids": out.token_ids,
@@ -120,20 +135,7 @@ pub fn output_json(out: &GenerationOutput, spec: &Speculation) -> serde_json::Va
             "prefill_tokens_per_s": out.prefill_tokens_per_s(),
             "decode_tokens_per_s": out.decode_tokens_per_s(),
         },
-        "speculation": {
-            "method": if spec.num_tokens > 0 { "ngram" } else { "none" },
-            "num_speculative_tokens": spec.num_tokens,
-            "prompt_lookup_max": spec.max_n,
-            "prompt_lookup_min": spec.min_n,
-            "match_policy": spec.policy.to_string(),
-            "adaptive": spec.adaptive,
-            "steps": out.stats.steps,
-            "draft_tokens": out.stats.draft_tokens,
-            "accepted_tokens": out.stats.accepted_tokens,
-            "acceptance_rate": out.stats.acceptance_rate(),
-            "mean_accepted_tokens": out.stats.mean_accepted_tokens(),
-            "propose_us_per_step": out.stats.propose_us_per_step(),
-        },
+        "speculation": speculation,
     })
 }
 
@@ -152,15 +154,15 @@ fn summary_line(out: &GenerationOutput) -> String {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let threads = crate::init_threads(args.threads)?;
+    let threads = crate::common::init_threads(args.threads)?;
     let spec = args.spec.resolve()?;
-    let lm = crate::load_model(&args.model)?;
+    let lm = crate::common::load_model(&args.model)?;
     let prompt = args.prompt_text(&lm)?;
     let ctx = args.ctx_size.unwrap_or(lm.model.config.context_len);
     if args.compare {
         return compare(&args, &lm, &prompt, ctx, spec, threads);
     }
-    let config = args.config(&spec);
+    let config = args.config(spec);
     let stdout = std::io::stdout();
     let out = lm.generate_text(&prompt, config, ctx, |t| {
         if !args.json {
@@ -186,25 +188,22 @@ fn compare(
     lm: &LoadedModel,
     prompt: &str,
     ctx: usize,
-    spec: Speculation,
+    spec: SpecConfig,
     threads: usize,
 ) -> anyhow::Result<()> {
     if args.temperature > 0.0 {
         anyhow::bail!("--compare runs greedy decoding: drop --temperature");
     }
-    if spec.num_tokens == 0 {
+    if !spec.enabled() {
         anyhow::bail!("--compare needs speculation on (--num-speculative-tokens > 0)");
     }
-    let plain_spec = Speculation {
-        num_tokens: 0,
-        ..spec
-    };
+    let plain_spec = SpecConfig::off();
     // A short warm-up so the first timed run does not pay for page faults.
-    let mut warm = args.config(&plain_spec);
+    let mut warm = args.config(plain_spec);
     warm.max_new_tokens = 4;
     lm.generate_text(prompt, warm, ctx, |_| {})?;
-    let baseline = lm.generate_text(prompt, args.config(&plain_spec), ctx, |_| {})?;
-    let speculative = lm.generate_text(prompt, args.config(&spec), ctx, |_| {})?;
+    let baseline = lm.generate_text(prompt, args.config(plain_spec), ctx, |_| {})?;
+    let speculative = lm.generate_text(prompt, args.config(spec), ctx, |_| {})?;
     let identical = baseline.token_ids == speculative.token_ids;
     let speedup =
         baseline.decode_time.as_secs_f64() / speculative.decode_time.as_secs_f64().max(1e-9);

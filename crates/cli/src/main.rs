@@ -1,12 +1,10 @@
 //! `pld`: the command line of the pld inference engine (fetch, generate, serve, bench).
 
 mod bench;
-mod drafting_study;
+mod common;
 mod generate;
-mod load;
 mod serve;
 mod spec;
-mod workload;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,33 +38,13 @@ enum Command {
     },
 }
 
-/// Sets the number of compute threads (default: all cores).
-pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
-    let n = threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    if n == 0 {
-        anyhow::bail!("--threads must be at least 1");
-    }
-    engine::kernels::pool::init(n);
-    Ok(n)
-}
-
-/// Loads a model given by alias (fetched on first use) or path.
-pub fn load_model(spec: &str) -> anyhow::Result<engine::LoadedModel> {
-    let path = engine::fetch::resolve_model(spec)?;
-    Ok(engine::LoadedModel::load(&path)?)
-}
-
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Fetch { alias } => {
-            let src = engine::fetch::source(&alias).ok_or_else(|| {
-                engine::EngineError::UnknownModel(alias.clone(), engine::fetch::ALIASES.join(", "))
+            let src = models::source(&alias).ok_or_else(|| {
+                models::FetchError::UnknownModel(alias.clone(), models::ALIASES.join(", "))
             })?;
-            let path = engine::fetch::fetch(&src, true)?;
+            let path = models::fetch(&src, true)?;
             println!("{}", path.display());
             Ok(())
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    #[arg(long, default_value = crate::generate::DEFAULT_MODEL)]
+    #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
     /// Address to bind (loopback unless told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
@@ -38,9 +38,9 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    crate::init_threads(a.threads)?;
+    crate::common::init_threads(a.threads)?;
     let spec = a.spec.resolve()?;
-    let lm = Arc::new(crate::load_model(&a.model)?);
+    let lm = Arc::new(crate::common::load_model(&a.model)?);
     let ctx = a
         .max_model_len
         .unwrap_or(lm.model.config.context_len)
@@ -58,7 +58,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,
         max_body_bytes: a.max_body_bytes,
-        spec: spec.into(),
+        spec,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

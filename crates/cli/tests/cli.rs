@@ -359,7 +359,11 @@ fn bench_run_writes_reports_and_flags_mismatches() {
     let svg = std::fs::read_to_string(out.join("speedup.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("copy") && svg.contains("chat"));
 
-    // The test hook makes the speculative output of the first row differ: reported, exit non-zero.
+    // A recorded row whose speculative output differed: reported, exit non-zero.
+    let mut recorded = results.clone();
+    recorded["rows"][0]["identical"] = serde_json::json!(false);
+    let doctored = tmp("mismatch-results.json");
+    std::fs::write(&doctored, recorded.to_string()).unwrap();
     let o = pld(&[
         "bench",
         "run",
@@ -367,11 +371,8 @@ fn bench_run_writes_reports_and_flags_mismatches() {
         "smollm2-135m",
         "--workload",
         workload.to_str().unwrap(),
-        "--limit",
-        "1",
-        "--max-tokens",
-        "8",
-        "--corrupt-first-row",
+        "--from-results",
+        doctored.to_str().unwrap(),
         "--json",
     ]);
     assert!(!o.status.success());

@@ -13,6 +13,12 @@
 //! [`MatchPolicy`], up to `k` of them and up to the end of the sequence, are
 //! the draft.
 //!
+//! A [`Drafter`] is one sequence's drafting policy: the index, the draft-length controller
+//! ([`DraftLength`], which sends only drafts expected to pay for their rows at the current
+//! [`PassCost`]) and what it learns from verified outcomes. [`SpecConfig`] is the one type of the
+//! speculation settings, with vLLM's and Hugging Face's names and the merge of defaults, the
+//! `speculative_config` object and top-level settings that every surface uses.
+//!
 //! [`NgramIndex`] keeps a hash map per n-gram size from each n-gram to its
 //! occurrences, updated as tokens are pushed (and rewound by
 //! [`NgramIndex::truncate`]), so a proposal costs the same at any context
@@ -32,15 +38,24 @@
 //! ```
 
 mod config;
+mod drafter;
 mod hash;
 mod index;
 mod length;
+pub mod pass_cost;
 mod scan;
+mod spec_config;
 
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
+pub use drafter::Drafter;
 pub use index::NgramIndex;
-pub use length::DraftLength;
+pub use length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
+pub use pass_cost::PassCost;
 pub use scan::propose_by_scan;
+pub use spec_config::{
+    SpecConfig, SpecError, SpecOverrides, DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, METHODS,
+};
 
 /// Where a proposal came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,10 +27,6 @@ pub enum EngineError {
     ChatTemplate(String),
     #[error("invalid generation settings: {0}")]
     InvalidConfig(String),
-    #[error("unknown model '{0}': give a path to a .gguf file or one of the aliases: {1}")]
-    UnknownModel(String, String),
-    #[error("fetching model: {0}")]
-    Fetch(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

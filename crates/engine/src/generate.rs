@@ -1,4 +1,4 @@
-//! The generation loop. A `Sequence` is one request's state (tokens, KV cache, n-gram index,
+//! The generation loop. A `Sequence` is one request's state (tokens, KV cache, drafter,
 //! sampler, stop rules, statistics); `step` advances any set of sequences by one forward pass, each
 //! with its own prompt chunk or its own [last token + drafts]. `generate` is `step` over a batch of
 //! one; the server drives the same `step` over many.
@@ -9,7 +9,7 @@ use crate::model::{BatchItem, Model};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{TextStream, Tokenizer};
 use crate::verify::verify;
-use drafting::{DraftLength, MatchPolicy, NgramConfig, NgramIndex};
+use drafting::{Drafter, SpecConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -17,16 +17,6 @@ use std::time::{Duration, Instant};
 
 /// Prompt tokens fed per forward pass during prefill.
 pub const PREFILL_CHUNK: usize = 256;
-
-/// Prior guess of the extra cost of each drafted token in a pass, relative to a one-token pass
-/// (refined from measured pass times as the sequence decodes). `pld bench forward` puts it at
-/// 0.05-0.15 with the packed kernels on all three models.
-pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.1;
-
-/// Default number of drafted tokens per step (see the README's Benchmarks section).
-pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
-pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
-pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
 
 /// Settings of one generation, named as in Hugging Face's `GenerationConfig` where it has them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,20 +26,10 @@ pub struct GenerationConfig {
     #[serde(flatten)]
     pub sampling: SamplingParams,
     pub seed: Option<u64>,
-    /// Tokens drafted per step by prompt lookup; 0 turns speculation off.
-    pub prompt_lookup_num_tokens: usize,
-    /// The longest n-gram matched (vLLM's `prompt_lookup_max`).
-    pub max_matching_ngram_size: usize,
-    /// The shortest n-gram matched (vLLM's `prompt_lookup_min`).
-    pub prompt_lookup_min: usize,
-    /// Which earlier occurrence of the n-gram to copy from.
-    #[serde(skip)]
-    pub match_policy: MatchPolicy,
+    /// How to draft (`num_speculative_tokens` = 0 turns speculation off).
+    pub speculation: SpecConfig,
     /// Strings that end generation; they are not part of the output text.
     pub stop: Vec<String>,
-    /// Send only as many drafted tokens as are expected to pay for their verification (estimated
-    /// from the acceptance so far and the measured pass cost); false sends every proposed token.
-    pub adaptive_draft: bool,
     /// Record each generated token's log-probability under the model (before temperature and
     /// the other sampling settings), with this many of the most likely alternatives; `None`
     /// records nothing.
@@ -62,12 +42,8 @@ impl Default for GenerationConfig {
             max_new_tokens: 256,
             sampling: SamplingParams::default(),
             seed: None,
-            prompt_lookup_num_tokens: DEFAULT_NUM_SPECULATIVE_TOKENS,
-            max_matching_ngram_size: DEFAULT_PROMPT_LOOKUP_MAX,
-            prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
-            match_policy: MatchPolicy::default(),
+            speculation: SpecConfig::default(),
             stop: Vec::new(),
-            adaptive_draft: true,
             logprobs: None,
         }
     }
@@ -83,17 +59,9 @@ impl GenerationConfig {
                 "max_new_tokens must be at least 1".into(),
             ));
         }
-        if self.prompt_lookup_num_tokens > 0 {
-            self.ngram_config()?;
-        }
-        Ok(())
-    }
-
-    fn ngram_config(&self) -> Result<NgramConfig> {
-        let mut c = NgramConfig::new(self.prompt_lookup_min, self.max_matching_ngram_size)
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
-        c.policy = self.match_policy;
-        Ok(c)
+        self.speculation
+            .validate()
+            .map_err(|e| EngineError::InvalidConfig(e.to_string()))
     }
 }
 
@@ -160,10 +128,8 @@ pub struct Sequence {
     tokens: Vec<u32>,
     prompt_len: usize,
     cache: KvCache,
-    index: Option<NgramIndex>,
-    draft_length: DraftLength,
-    /// Size of the n-gram match behind the current step's draft.
-    draft_match: usize,
+    /// Present when the config drafts.
+    drafter: Option<Drafter>,
     /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
     draft_limit: usize,
     /// Price of a drafted row set by a scheduler, overriding the sequence's own estimate.
@@ -182,8 +148,6 @@ pub struct Sequence {
     pub stats: SpecStats,
     pub prefill_time: Duration,
     pub decode_time: Duration,
-    /// Test hook: forces the first speculative step to emit a different token.
-    pub corrupt_for_test: bool,
 }
 
 impl Sequence {
@@ -215,8 +179,10 @@ impl Sequence {
                 model.config.vocab_size
             )));
         }
-        let index = if config.prompt_lookup_num_tokens > 0 {
-            Some(NgramIndex::with_tokens(config.ngram_config()?, &prompt))
+        let drafter = if config.speculation.enabled() {
+            let d = Drafter::new(&config.speculation, &prompt)
+                .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+            Some(d)
         } else {
             None
         };
@@ -228,9 +194,7 @@ impl Sequence {
             prompt_len: prompt.len(),
             tokens: prompt,
             cache: model.new_cache(capacity),
-            index,
-            draft_length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
-            draft_match: 0,
+            drafter,
             draft_limit: usize::MAX,
             draft_cost: None,
             config,
@@ -244,7 +208,6 @@ impl Sequence {
             stats: SpecStats::default(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
-            corrupt_for_test: false,
         })
     }
 
@@ -329,8 +292,8 @@ impl Sequence {
                 .push(TokenLogprob::from_logits(row, token, top));
         }
         self.tokens.push(token);
-        if let Some(index) = self.index.as_mut() {
-            index.push(token);
+        if let Some(d) = self.drafter.as_mut() {
+            d.push(token);
         }
         let generated = self.tokens.len() - self.prompt_len;
         if tok.is_end(token) {
@@ -398,32 +361,17 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
             }
             Phase::Decode(last) => {
                 let mut input = vec![last];
-                if let Some(index) = seq.index.as_ref() {
-                    let generated = seq.tokens.len() - seq.prompt_len;
-                    // Room left: the pass writes 1 + k positions, and at most max_new_tokens
-                    // tokens may still be emitted (the model's own token is one of them).
-                    let room = seq.cache.capacity() - seq.cache.len() - 1;
-                    let left = seq.config.max_new_tokens - generated - 1;
-                    let k = seq
-                        .config
-                        .prompt_lookup_num_tokens
-                        .min(seq.draft_limit)
-                        .min(room)
-                        .min(left);
-                    if k > 0 {
-                        let t0 = Instant::now();
-                        let mut draft = Vec::with_capacity(k);
-                        if let Some(m) = index.propose(k, &mut draft) {
-                            seq.draft_match = m.n;
-                            if seq.config.adaptive_draft {
-                                let l = &seq.draft_length;
-                                let cost = seq.draft_cost.unwrap_or(l.alpha());
-                                draft.truncate(l.choose_at_cost(cost, m.n, draft.len()));
-                            }
-                        }
-                        seq.stats.propose_time += t0.elapsed();
-                        input.extend_from_slice(&draft);
-                    }
+                let generated = seq.tokens.len() - seq.prompt_len;
+                // Room left: the pass writes 1 + k positions, and at most max_new_tokens tokens
+                // may still be emitted (the model's own token is one of them).
+                let room = seq.cache.capacity() - seq.cache.len() - 1;
+                let left = seq.config.max_new_tokens - generated - 1;
+                let limit = seq.draft_limit.min(room).min(left);
+                let price = seq.draft_cost;
+                if let Some(d) = seq.drafter.as_mut().filter(|_| limit > 0) {
+                    let t0 = Instant::now();
+                    input.extend_from_slice(d.propose(limit, price));
+                    seq.stats.propose_time += t0.elapsed();
                 }
                 let drafts = input.len() - 1;
                 inputs.push((si, input, drafts));
@@ -480,7 +428,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 let rows = &logits[row * vocab..(row + drafts + 1) * vocab];
                 row += drafts + 1;
                 let start = seq.cache.len() - toks.len();
-                let mut verdict = verify(
+                let verdict = verify(
                     rows,
                     vocab,
                     &toks[1..],
@@ -488,28 +436,20 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     &seq.config.sampling,
                     &mut seq.rng,
                 );
-                if seq.corrupt_for_test {
-                    seq.corrupt_for_test = false;
-                    let last = verdict.tokens.last_mut().expect("one token at least");
-                    *last = (*last + 1) % vocab as u32;
-                }
                 // Keep the cache for the last token and the accepted drafts only.
                 seq.cache.truncate(start + 1 + verdict.accepted);
                 seq.stats.steps += 1;
                 seq.stats.draft_tokens += drafts;
                 seq.stats.accepted_tokens += verdict.accepted;
-                if drafts > 0 {
-                    seq.draft_length
-                        .observe(seq.draft_match, drafts, verdict.accepted);
-                } else {
-                    seq.draft_length.idle();
-                }
-                // Timings vary from run to run: they may steer draft lengths only where the output
-                // cannot depend on them (greedy), so seeded sampling stays reproducible. A pass
-                // shared with other sequences says nothing about this one's draft cost.
-                if seq.config.sampling.is_greedy() && alone {
-                    seq.draft_length
-                        .observe_cost(toks.len(), elapsed.as_secs_f64());
+                if let Some(d) = seq.drafter.as_mut() {
+                    d.observe(verdict.accepted);
+                    // Timings vary from run to run: they may steer draft lengths only where the
+                    // output cannot depend on them (greedy), so seeded sampling stays
+                    // reproducible. A pass shared with other sequences says nothing about this
+                    // one's draft cost.
+                    if seq.config.sampling.is_greedy() && alone {
+                        d.observe_cost(toks.len(), elapsed.as_secs_f64());
+                    }
                 }
                 for (j, &t) in verdict.tokens.iter().enumerate() {
                     seq.stats.decode_tokens += 1;

@@ -4,7 +4,6 @@
 
 pub mod chat;
 pub mod error;
-pub mod fetch;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;

@@ -1,140 +1,44 @@
-//! What a forward pass costs as a function of the rows in it, and from that what one more drafted
-//! row costs a sequence in a batch.
-//!
-//! A decode pass over few rows is bound by reading the weights, so rows are nearly free; past some
-//! batch size the pass becomes compute-bound and every row costs about as much as a sequence's own
-//! token. A batch of `n` sequences pays `cost(n)` for `n` tokens; drafting roughly doubles the rows,
-//! so the price of a drafted row relative to a plain token is `cost(2n) / cost(n) - 1`: small for a
-//! lone sequence on a CPU (about 0.2 here), near 1 once eight sequences share the pass, where no
-//! draft can pay. The scheduler hands that price to each sequence's draft-length controller.
+//! Timing the model for [`PassCost`]: what a forward pass over 1, 2, 4, ... 32 rows costs on this
+//! machine, measured once at start-up by the server (and refined from its real passes).
 
 use crate::error::Result;
 use crate::model::{BatchItem, Model};
+use drafting::pass_cost::{PassCost, MAX_ROWS};
 use std::time::Instant;
 
-/// Rows measured at start-up; the table covers 1..=MAX_ROWS by interpolation.
+/// Row counts timed; the table covers the rest by interpolation.
 const ANCHORS: [usize; 6] = [1, 2, 4, 8, 16, 32];
-pub const MAX_ROWS: usize = 64;
-/// Weight of a new observation in the running average of a row count's cost.
-const EMA: f64 = 0.1;
 
-#[derive(Clone, Debug)]
-pub struct PassCost {
-    /// Seconds per pass over `r` rows at index `r` (index 0 unused).
-    seconds: Vec<f64>,
-}
-
-impl PassCost {
-    /// From pass times at some row counts (ascending): piecewise-linear in between, extended
-    /// linearly past the last.
-    pub fn from_points(points: &[(usize, f64)]) -> Self {
-        assert!(!points.is_empty());
-        let mut seconds = vec![0.0; MAX_ROWS + 1];
-        for (r, s) in seconds.iter_mut().enumerate().skip(1) {
-            let hi = points
-                .iter()
-                .position(|&(p, _)| p >= r)
-                .unwrap_or(points.len() - 1)
-                .max(1)
-                .min(points.len() - 1);
-            let lo = hi.saturating_sub(1);
-            let ((r0, s0), (r1, s1)) = (points[lo], points[hi]);
-            *s = if r1 == r0 {
-                s0 * r as f64 / r0 as f64
-            } else {
-                s0 + (s1 - s0) * (r as f64 - r0 as f64) / (r1 - r0) as f64
-            };
-            *s = s.max(f64::MIN_POSITIVE);
+/// Times passes over 1, 2, 4, ... 32 rows of one scratch sequence (a few hundred milliseconds
+/// for a small model), the best of two runs each.
+pub fn measure(model: &Model) -> Result<PassCost> {
+    let mut cache = model.new_cache(64 + MAX_ROWS);
+    let tokens: Vec<u32> = (0..32u32 + MAX_ROWS as u32)
+        .map(|i| (i * 7919) % model.config.vocab_size as u32)
+        .collect();
+    model.forward(&mut [BatchItem {
+        tokens: &tokens[..32],
+        cache: &mut cache,
+        all_logits: false,
+    }])?;
+    let mut points = Vec::new();
+    for &r in &ANCHORS {
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t = Instant::now();
+            model.forward(&mut [BatchItem {
+                tokens: &tokens[32..32 + r],
+                cache: &mut cache,
+                all_logits: true,
+            }])?;
+            best = best.min(t.elapsed().as_secs_f64());
+            cache.truncate(32);
         }
-        PassCost { seconds }
+        points.push((r, best));
     }
-
-    /// Times passes over 1, 2, 4, ... 32 rows of one scratch sequence (a few hundred
-    /// milliseconds for a small model).
-    pub fn measure(model: &Model) -> Result<Self> {
-        let mut cache = model.new_cache(64 + MAX_ROWS);
-        let tokens: Vec<u32> = (0..32u32 + MAX_ROWS as u32)
-            .map(|i| (i * 7919) % model.config.vocab_size as u32)
-            .collect();
-        model.forward(&mut [BatchItem {
-            tokens: &tokens[..32],
-            cache: &mut cache,
-            all_logits: false,
-        }])?;
-        let mut points = Vec::new();
-        for &r in &ANCHORS {
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
-                let t = Instant::now();
-                model.forward(&mut [BatchItem {
-                    tokens: &tokens[32..32 + r],
-                    cache: &mut cache,
-                    all_logits: true,
-                }])?;
-                best = best.min(t.elapsed().as_secs_f64());
-                cache.truncate(32);
-            }
-            points.push((r, best));
-        }
-        // Costs never fall as rows are added (timing noise aside).
-        for i in 1..points.len() {
-            points[i].1 = points[i].1.max(points[i - 1].1);
-        }
-        Ok(PassCost::from_points(&points))
+    // Costs never fall as rows are added (timing noise aside).
+    for i in 1..points.len() {
+        points[i].1 = points[i].1.max(points[i - 1].1);
     }
-
-    /// Seconds for a pass over `rows` rows.
-    pub fn seconds(&self, rows: usize) -> f64 {
-        let r = rows.clamp(1, MAX_ROWS);
-        self.seconds[r] * rows.max(1) as f64 / r as f64
-    }
-
-    /// The price of one drafted row, in plain tokens, for each of `n` sequences in a pass.
-    pub fn draft_token_cost(&self, n: usize) -> f64 {
-        let n = n.max(1);
-        (self.seconds(2 * n) / self.seconds(n) - 1.0).max(0.0)
-    }
-
-    /// Folds in a measured decode pass.
-    pub fn observe(&mut self, rows: usize, seconds: f64) {
-        if (1..=MAX_ROWS).contains(&rows) && seconds.is_finite() && seconds > 0.0 {
-            let s = &mut self.seconds[rows];
-            *s += EMA * (seconds - *s);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn interpolates_and_prices_drafts_by_batch_size() {
-        // Flat up to 4 rows, then linear: a bandwidth-bound pass turning compute-bound.
-        let c = PassCost::from_points(&[(1, 10.0), (2, 10.5), (4, 11.0), (8, 22.0), (16, 44.0)]);
-        assert_eq!(c.seconds(3), 10.75);
-        assert_eq!(c.seconds(12), 33.0);
-        assert_eq!(c.seconds(32), 88.0, "linear past the last point");
-        assert!(
-            c.draft_token_cost(1) < 0.1,
-            "a lone sequence drafts almost for free"
-        );
-        assert!(
-            (c.draft_token_cost(8) - 1.0).abs() < 1e-9,
-            "compute-bound: a row per row"
-        );
-        assert!(c.draft_token_cost(2) < c.draft_token_cost(4));
-    }
-
-    #[test]
-    fn observations_move_the_estimate() {
-        let mut c = PassCost::from_points(&[(1, 10.0), (2, 20.0)]);
-        for _ in 0..100 {
-            c.observe(2, 12.0);
-        }
-        assert!((c.seconds(2) - 12.0).abs() < 0.01);
-        c.observe(0, 1.0);
-        c.observe(2, f64::NAN);
-        assert!((c.seconds(2) - 12.0).abs() < 0.01);
-    }
+    Ok(PassCost::from_points(&points))
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use drafting::SpecConfig;
 use engine::{FinishReason, GenerationConfig, GenerationOutput, LoadedModel, Message};
 
 fn run(lm: &LoadedModel, prompt: &[u32], config: GenerationConfig, ctx: usize) -> GenerationOutput {
@@ -23,12 +24,15 @@ fn run(lm: &LoadedModel, prompt: &[u32], config: GenerationConfig, ctx: usize) -
 fn greedy(max_new_tokens: usize, k: usize, min_n: usize, max_n: usize) -> GenerationConfig {
     GenerationConfig {
         max_new_tokens,
-        prompt_lookup_num_tokens: k,
-        prompt_lookup_min: min_n,
-        max_matching_ngram_size: max_n,
-        // Every draft goes to verification, whatever the timings: these tests check what the
-        // verifier does with drafts, so the drafts must not depend on how busy the machine is.
-        adaptive_draft: false,
+        speculation: SpecConfig {
+            num_speculative_tokens: k,
+            prompt_lookup_min: min_n,
+            prompt_lookup_max: max_n,
+            // Every draft goes to verification, whatever the timings: these tests check what the
+            // verifier does with drafts, so the drafts must not depend on how busy the machine is.
+            adaptive: false,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -95,10 +99,8 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
         );
         assert!(spec.stats.mean_accepted_tokens() > 1.0);
         // Draft lengths chosen from measured pass costs change nothing in the output either.
-        let adaptive = GenerationConfig {
-            adaptive_draft: true,
-            ..greedy(96, 8, 1, 3)
-        };
+        let mut adaptive = greedy(96, 8, 1, 3);
+        adaptive.speculation.adaptive = true;
         let spec = run(&lm, &prompt, adaptive, 4096);
         assert_same("smollm2-135m", category, &plain, &spec);
         assert!(spec.stats.draft_tokens <= 8 * spec.stats.steps);
@@ -165,8 +167,8 @@ fn edge_cases_end_where_plain_decoding_ends() {
     let mut with_stop = greedy(80, 0, 1, 1);
     with_stop.stop = vec![stop_at.clone()];
     let plain = run(&lm, &code, with_stop.clone(), 4096);
-    with_stop.prompt_lookup_num_tokens = 16;
-    with_stop.max_matching_ngram_size = 3;
+    with_stop.speculation.num_speculative_tokens = 16;
+    with_stop.speculation.prompt_lookup_max = 3;
     let spec = run(&lm, &code, with_stop, 4096);
     assert_eq!(plain.text, spec.text, "stop string {stop_at:?}");
     assert!(!spec.text.contains(&stop_at));

@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use engine::{FinishReason, GenerationConfig, LoadedModel, Message, SamplingParams, TokenLogprob};
 use futures_util::stream::{self, Stream, StreamExt};
+use drafting::SpecOverrides;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -160,14 +161,6 @@ enum Stop {
 }
 
 #[derive(Deserialize, Default)]
-struct SpeculativeConfig {
-    method: Option<String>,
-    num_speculative_tokens: Option<usize>,
-    prompt_lookup_max: Option<usize>,
-    prompt_lookup_min: Option<usize>,
-}
-
-#[derive(Deserialize, Default)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
@@ -193,7 +186,7 @@ struct Common {
     num_speculative_tokens: Option<usize>,
     prompt_lookup_max: Option<usize>,
     prompt_lookup_min: Option<usize>,
-    speculative_config: Option<SpeculativeConfig>,
+    speculative_config: Option<SpecOverrides>,
     /// Chat: true or false (with `top_logprobs`); text completions: the number of alternatives.
     logprobs: Option<Value>,
     top_logprobs: Option<usize>,
@@ -342,30 +335,17 @@ impl Common {
         sampling
             .validate()
             .map_err(|m| ApiError::bad_request(m, None))?;
-        let d = state.config.spec;
-        let sc = self.speculative_config.as_ref();
-        if let Some(m) = sc.and_then(|s| s.method.as_deref()) {
-            if m != "ngram" && m != "prompt_lookup" {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "speculative method '{m}' is not supported (pld drafts with \"ngram\")"
-                    ),
-                    Some("speculative_config"),
-                ));
-            }
-        }
-        let num_tokens = self
-            .num_speculative_tokens
-            .or(sc.and_then(|s| s.num_speculative_tokens))
-            .unwrap_or(d.num_tokens);
-        let max_n = self
-            .prompt_lookup_max
-            .or(sc.and_then(|s| s.prompt_lookup_max))
-            .unwrap_or(d.max_n);
-        let min_n = self
-            .prompt_lookup_min
-            .or(sc.and_then(|s| s.prompt_lookup_min))
-            .unwrap_or(d.min_n);
+        let top_level = SpecOverrides {
+            num_speculative_tokens: self.num_speculative_tokens,
+            prompt_lookup_max: self.prompt_lookup_max,
+            prompt_lookup_min: self.prompt_lookup_min,
+            ..Default::default()
+        };
+        let speculation = state
+            .config
+            .spec
+            .merge(self.speculative_config.as_ref(), &top_level)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some(e.field)))?;
         let stop = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
@@ -375,12 +355,8 @@ impl Common {
             max_new_tokens: max_tokens.min(room),
             sampling,
             seed: self.seed,
-            prompt_lookup_num_tokens: num_tokens,
-            max_matching_ngram_size: max_n,
-            prompt_lookup_min: min_n,
-            match_policy: d.policy,
+            speculation,
             stop,
-            adaptive_draft: d.adaptive,
             logprobs: self.logprobs(kind)?,
         };
         config

@@ -10,16 +10,6 @@ pub mod scheduler;
 use engine::LoadedModel;
 use std::sync::Arc;
 
-/// Speculation defaults of the server (each request may override them).
-#[derive(Clone, Copy, Debug)]
-pub struct SpecDefaults {
-    pub num_tokens: usize,
-    pub max_n: usize,
-    pub min_n: usize,
-    pub policy: drafting::MatchPolicy,
-    pub adaptive: bool,
-}
-
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// The name clients use in `model` (the alias or file name it was started with).
@@ -30,7 +20,8 @@ pub struct ServerConfig {
     pub max_queue: usize,
     pub max_model_len: usize,
     pub max_body_bytes: usize,
-    pub spec: SpecDefaults,
+    /// Speculation defaults (each request may override them, see `SpecConfig::merge`).
+    pub spec: drafting::SpecConfig,
 }
 
 /// Everything the handlers share.

@@ -14,7 +14,7 @@
 
 use crate::metrics::Metrics;
 use crate::ServerConfig;
-use engine::pass_cost::{PassCost, MAX_ROWS};
+use drafting::pass_cost::{PassCost, MAX_ROWS};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -103,11 +103,11 @@ fn engine_loop(
     metrics: &Metrics,
 ) {
     let mut running: Vec<Running> = Vec::new();
-    let mut cost = match PassCost::measure(&lm.model) {
+    let mut cost = match engine::pass_cost::measure(&lm.model) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("could not time forward passes ({e}); assuming a row costs 0.3 tokens");
-            PassCost::from_points(&[(1, 1.0), (MAX_ROWS, 1.0 + 0.3 * (MAX_ROWS - 1) as f64)])
+            PassCost::linear(0.3)
         }
     };
     tracing::info!(

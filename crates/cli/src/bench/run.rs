@@ -2,17 +2,20 @@
 //! decoding in one process, row by row, checking that the outputs are identical and reporting the
 //! speedup per category as a table, JSON, a Markdown report and an SVG chart.
 
-use crate::spec::{SpecArgs, Speculation};
+use super::results::{
+    read_json, read_workload, ResultsFile, RowResult, RunSummary, SpeculationReport, Summary, TurnTokens,
+    WorkloadRow,
+};
+use crate::spec::SpecArgs;
 use clap::Args;
+use drafting::SpecConfig;
 use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message};
-use serde::Serialize;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    #[arg(long, default_value = crate::generate::DEFAULT_MODEL)]
+    #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
     /// Workload file(s) in Spec-Bench's JSONL format (repeatable).
     #[arg(long, required = true)]
@@ -38,56 +41,8 @@ pub struct RunArgs {
     /// results.partial.json), with this command's other settings.
     #[arg(long, value_name = "FILE")]
     pub from_results: Option<PathBuf>,
-    /// Test hook: make the speculative output of the first row differ.
-    #[arg(long, hide = true)]
-    pub corrupt_first_row: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
-}
-
-#[derive(serde::Deserialize)]
-struct Row {
-    question_id: serde_json::Value,
-    category: String,
-    turns: Vec<String>,
-}
-
-/// What one row measured, both ways, over all its turns.
-#[derive(Serialize, serde::Deserialize, Default, Clone)]
-struct RowResult {
-    question_id: serde_json::Value,
-    category: String,
-    new_tokens: usize,
-    plain_decode_s: f64,
-    spec_decode_s: f64,
-    steps: usize,
-    decode_tokens: usize,
-    draft_tokens: usize,
-    accepted_tokens: usize,
-    propose_s: f64,
-    identical: bool,
-    /// Per turn: the prompt and the (plain, greedy) output token ids, for offline drafting studies.
-    turns: Vec<TurnTokens>,
-}
-
-#[derive(Serialize, serde::Deserialize, Default, Clone)]
-pub struct TurnTokens {
-    pub prompt_ids: Vec<u32>,
-    pub output_ids: Vec<u32>,
-}
-
-/// Totals over a set of rows.
-#[derive(Serialize, Default, Clone)]
-struct Summary {
-    rows: usize,
-    new_tokens: usize,
-    plain_tokens_per_s: f64,
-    spec_tokens_per_s: f64,
-    speedup: f64,
-    mean_accepted_tokens: f64,
-    acceptance_rate: f64,
-    propose_us_per_step: f64,
-    mismatches: usize,
 }
 
 fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
@@ -118,28 +73,10 @@ fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
     s
 }
 
-fn load_rows(args: &RunArgs) -> anyhow::Result<Vec<Row>> {
-    let mut rows: Vec<Row> = Vec::new();
+fn load_rows(args: &RunArgs) -> anyhow::Result<Vec<WorkloadRow>> {
+    let mut rows = Vec::new();
     for path in &args.workload {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read workload {}: {e}", path.display()))?;
-        for (i, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            let row: Row = serde_json::from_str(line).map_err(|e| {
-                anyhow::anyhow!(
-                    "{} line {}: not a Spec-Bench row: {e}",
-                    path.display(),
-                    i + 1
-                )
-            })?;
-            if row.turns.is_empty() {
-                anyhow::bail!("{} line {}: the row has no turns", path.display(), i + 1);
-            }
-            rows.push(row);
-        }
+        rows.extend(read_workload(path)?);
     }
     if !args.categories.is_empty() {
         for c in &args.categories {
@@ -163,43 +100,30 @@ fn load_rows(args: &RunArgs) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn greedy(max_tokens: usize, spec: &Speculation) -> GenerationConfig {
-    let mut c = GenerationConfig {
+fn greedy(max_tokens: usize, speculation: SpecConfig) -> GenerationConfig {
+    GenerationConfig {
         max_new_tokens: max_tokens,
+        speculation,
         ..Default::default()
-    };
-    spec.apply(&mut c);
-    c
+    }
 }
 
 fn run_one(
     lm: &LoadedModel,
     messages: &[Message],
     config: GenerationConfig,
-    corrupt: bool,
 ) -> anyhow::Result<GenerationOutput> {
     let prompt = lm.render_chat(messages)?;
-    let ids = lm.tokenizer.encode_prompt(&prompt)?;
     let ctx = lm.model.config.context_len;
-    let mut seq = engine::Sequence::new(&lm.model, ids, config, ctx)?;
-    seq.corrupt_for_test = corrupt;
-    while !seq.is_finished() {
-        engine::step(&lm.model, &lm.tokenizer, &mut [&mut seq])?;
-    }
-    Ok(seq.into_output())
+    Ok(lm.generate_text(&prompt, config, ctx, |_| {})?)
 }
 
 fn run_row(
     lm: &LoadedModel,
-    row: &Row,
+    row: &WorkloadRow,
     max_tokens: usize,
-    spec: &Speculation,
-    corrupt: bool,
+    spec: &SpecConfig,
 ) -> anyhow::Result<RowResult> {
-    let plain_spec = Speculation {
-        num_tokens: 0,
-        ..*spec
-    };
     let mut r = RowResult {
         question_id: row.question_id.clone(),
         category: row.category.clone(),
@@ -209,8 +133,8 @@ fn run_row(
     let mut messages = Vec::new();
     for turn in &row.turns {
         messages.push(Message::new("user", turn));
-        let plain = run_one(lm, &messages, greedy(max_tokens, &plain_spec), false)?;
-        let fast = run_one(lm, &messages, greedy(max_tokens, spec), corrupt)?;
+        let plain = run_one(lm, &messages, greedy(max_tokens, SpecConfig::off()))?;
+        let fast = run_one(lm, &messages, greedy(max_tokens, *spec))?;
         r.identical &= plain.token_ids == fast.token_ids;
         r.new_tokens += plain.token_ids.len();
         r.plain_decode_s += plain.decode_time.as_secs_f64();
@@ -230,14 +154,14 @@ fn run_row(
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let threads = crate::init_threads(args.threads)?;
+    let threads = crate::common::init_threads(args.threads)?;
     let spec = args.spec.resolve()?;
-    if spec.num_tokens == 0 {
+    if !spec.enabled() {
         anyhow::bail!(
             "bench run compares against speculation: --num-speculative-tokens must be > 0"
         );
     }
-    let lm = crate::load_model(&args.model)?;
+    let lm = crate::common::load_model(&args.model)?;
     let results = match &args.from_results {
         Some(path) => recorded_rows(path)?,
         None => run_rows(&lm, &args, &spec)?,
@@ -249,77 +173,60 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .or_insert_with(|| summarize(results.iter().filter(|r| r.category == name)));
     }
     let overall = summarize(results.iter());
-    let summary = json!({
-        "model": lm.name,
-        "model_path": lm.path,
-        "threads": threads,
-        "max_tokens": args.max_tokens,
-        "speculation": {
-            "method": "ngram",
-            "num_speculative_tokens": spec.num_tokens,
-            "prompt_lookup_max": spec.max_n,
-            "prompt_lookup_min": spec.min_n,
-            "match_policy": spec.policy.to_string(),
-            "adaptive": spec.adaptive,
-        },
-        "categories": categories,
-        "overall": overall,
-    });
-    let table = render_table(&categories, &overall);
+    let summary = RunSummary {
+        model: lm.name.clone(),
+        model_path: lm.path.clone(),
+        threads,
+        max_tokens: args.max_tokens,
+        speculation: SpeculationReport::from(&spec),
+        categories,
+        overall,
+    };
+    let table = render_table(&summary.categories, &summary.overall);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{table}");
     }
     if let Some(dir) = &args.out {
-        write_outputs(
-            dir,
-            &summary,
-            &results,
-            &table,
-            &categories,
-            &lm,
-            threads,
-            &args,
-            &spec,
-        )?;
+        write_outputs(dir, summary.clone(), results, &table, &args)?;
     }
-    if overall.mismatches > 0 {
+    if summary.overall.mismatches > 0 {
         anyhow::bail!(
             "{} row(s) differ between plain and speculative decoding",
-            overall.mismatches
+            summary.overall.mismatches
         );
     }
     Ok(())
 }
 
+/// The rows of an earlier run; the mismatches among them are reported as a live run reports them.
 fn recorded_rows(path: &Path) -> anyhow::Result<Vec<RowResult>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", path.display()))?;
-    let rows = v.get("rows").cloned().unwrap_or(serde_json::Value::Null);
-    let rows: Vec<RowResult> = serde_json::from_value(rows)
-        .map_err(|e| anyhow::anyhow!("{} holds no recorded rows: {e}", path.display()))?;
-    if rows.is_empty() {
+    let file: ResultsFile = read_json(path, "a results file of `pld bench run`")?;
+    if file.rows.is_empty() {
         anyhow::bail!("{} holds no recorded rows", path.display());
     }
-    Ok(rows)
+    for r in file.rows.iter().filter(|r| !r.identical) {
+        eprintln!("{}", mismatch_line(r));
+    }
+    Ok(file.rows)
+}
+
+fn mismatch_line(r: &RowResult) -> String {
+    format!(
+        "MISMATCH: row {} ({}) differs between plain and speculative decoding",
+        r.question_id, r.category
+    )
 }
 
 fn run_rows(
     lm: &LoadedModel,
     args: &RunArgs,
-    spec: &Speculation,
+    spec: &SpecConfig,
 ) -> anyhow::Result<Vec<RowResult>> {
     let rows = load_rows(args)?;
     // Warm-up: touch the weights and the code paths once.
-    run_one(
-        lm,
-        &[Message::new("user", "Say hello.")],
-        greedy(8, spec),
-        false,
-    )?;
+    run_one(lm, &[Message::new("user", "Say hello.")], greedy(8, *spec))?;
 
     let bar = indicatif::ProgressBar::with_draw_target(
         Some(rows.len() as u64),
@@ -334,20 +241,9 @@ fn run_rows(
     let mut results = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         bar.set_message(row.category.clone());
-        let r = run_row(
-            lm,
-            row,
-            args.max_tokens,
-            spec,
-            args.corrupt_first_row && i == 0,
-        )?;
+        let r = run_row(lm, row, args.max_tokens, spec)?;
         if !r.identical {
-            bar.suspend(|| {
-                eprintln!(
-                    "MISMATCH: row {} ({}) differs between plain and speculative decoding",
-                    r.question_id, r.category
-                )
-            });
+            bar.suspend(|| eprintln!("{}", mismatch_line(&r)));
         }
         if bar.is_hidden() {
             // No terminal for the bar: a line per row keeps long runs observable.
@@ -366,10 +262,15 @@ fn run_rows(
         if let Some(dir) = &args.out {
             // Partial results survive an interrupted run.
             std::fs::create_dir_all(dir)?;
+            let partial = ResultsFile {
+                summary: None,
+                rows: results,
+            };
             std::fs::write(
                 dir.join("results.partial.json"),
-                serde_json::to_string(&json!({ "rows": results }))?,
+                serde_json::to_string(&partial)?,
             )?;
+            results = partial.rows;
         }
         bar.inc(1);
     }
@@ -402,74 +303,57 @@ fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> St
     t
 }
 
-#[allow(clippy::too_many_arguments)]
 fn write_outputs(
     dir: &Path,
-    summary: &serde_json::Value,
-    results: &[RowResult],
+    summary: RunSummary,
+    rows: Vec<RowResult>,
     table: &str,
-    categories: &BTreeMap<String, Summary>,
-    lm: &LoadedModel,
-    threads: usize,
     args: &RunArgs,
-    spec: &Speculation,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
-    let all = json!({ "summary": summary, "rows": results });
-    std::fs::write(
-        dir.join("results.json"),
-        serde_json::to_string_pretty(&all)?,
-    )?;
-    let machine = machine_description();
+    let machine = crate::common::machine_description();
     let workloads: Vec<String> = args
         .workload
         .iter()
         .map(|p| p.display().to_string())
         .collect();
+    let s = &summary.speculation.config;
     let report = format!(
-        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {threads}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
-        utc_date(),
-        lm.name,
-        lm.path.display(),
+        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
+        utc_now(),
+        summary.model,
+        summary.model_path.display(),
+        summary.threads,
         workloads.join(", "),
         args.limit.map(|l| format!("first {l}")).unwrap_or_else(|| "all".into()),
         args.max_tokens,
-        spec.num_tokens,
-        spec.min_n,
-        spec.max_n,
-        spec.policy,
-        spec.adaptive,
+        s.num_speculative_tokens,
+        s.prompt_lookup_min,
+        s.prompt_lookup_max,
+        s.match_policy,
+        s.adaptive,
     );
     std::fs::write(dir.join("report.md"), report)?;
-    draw_chart(&dir.join("speedup.svg"), categories, &lm.name)?;
+    draw_chart(&dir.join("speedup.svg"), &summary.categories, &summary.model)?;
+    let file = ResultsFile {
+        summary: Some(summary),
+        rows,
+    };
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&file)?,
+    )?;
     Ok(())
 }
 
-fn utc_date() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
+/// The current time in UTC, to the minute.
+fn utc_now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(time::macros::format_description!(
+            "[year]-[month]-[day] [hour]:[minute] UTC"
+        ))
         .unwrap_or_default()
-}
-
-fn machine_description() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    format!("{cpu}, {cores} cores, kernels {:?}", engine::kernels::isa())
 }
 
 /// A bar per category with the 1.0 line marked.

@@ -3,15 +3,16 @@
 //! grounded prompts (first turns of a workload) to each in turn, and the table reports requests/s,
 //! generated tokens/s, mean and p95 latency, and the speculative/plain throughput ratio.
 
-use crate::spec::{SpecArgs, Speculation};
+use crate::spec::SpecArgs;
 use clap::Args;
+use drafting::SpecConfig;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
-pub struct LoadArgs {
+pub struct ServeArgs {
     #[arg(long, default_value = "qwen-coder-0.5b")]
     pub model: String,
     /// Workload in Spec-Bench's JSONL format (first turns are sent).
@@ -76,27 +77,19 @@ impl Samples {
     }
 }
 
-fn prompts(a: &LoadArgs) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(&a.workload)
-        .map_err(|e| anyhow::anyhow!("cannot read workload {}: {e}", a.workload.display()))?;
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(line)?;
-        let cat = v["category"].as_str().unwrap_or("");
-        if !a.categories.is_empty() && !a.categories.iter().any(|c| c == cat) {
-            continue;
-        }
-        if let Some(t) = v["turns"][0].as_str() {
-            out.push(t.to_string());
-        }
-    }
+fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
+    let out: Vec<String> = super::results::read_workload(&a.workload)?
+        .into_iter()
+        .filter(|r| a.categories.is_empty() || a.categories.contains(&r.category))
+        .map(|r| r.turns[0].clone())
+        .collect();
     if out.is_empty() {
         anyhow::bail!("no prompts in {}", a.workload.display());
     }
     Ok(out)
 }
 
-fn server_config(name: &str, ctx: usize, max_seqs: usize, s: Speculation) -> server::ServerConfig {
+fn server_config(name: &str, ctx: usize, max_seqs: usize, s: SpecConfig) -> server::ServerConfig {
     server::ServerConfig {
         model_name: name.into(),
         api_key: None,
@@ -104,7 +97,7 @@ fn server_config(name: &str, ctx: usize, max_seqs: usize, s: Speculation) -> ser
         max_queue: 1024,
         max_model_len: ctx,
         max_body_bytes: 16 << 20,
-        spec: s.into(),
+        spec: s,
     }
 }
 
@@ -172,15 +165,12 @@ async fn level(
     })
 }
 
-pub fn run(a: LoadArgs) -> anyhow::Result<()> {
-    let threads = crate::init_threads(a.threads)?;
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let threads = crate::common::init_threads(a.threads)?;
     let spec = a.spec.resolve()?;
-    let plain = Speculation {
-        num_tokens: 0,
-        ..spec
-    };
+    let plain = SpecConfig::off();
     let prompts = prompts(&a)?;
-    let lm = Arc::new(crate::load_model(&a.model)?);
+    let lm = Arc::new(crate::common::load_model(&a.model)?);
     let ctx = lm.model.config.context_len.min(8192);
     let max_seqs = a.clients.iter().copied().max().unwrap_or(1).max(1);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,25 +1,13 @@
 //! `pld bench forward`: the cost of one forward pass over 1..16 new tokens at a realistic cache
 //! length, and the decode rate.
 
-use clap::{Args, Subcommand};
-use serde_json::json;
+use super::results::{ForwardReport, ForwardRun, PassTiming};
+use clap::Args;
 use std::time::Instant;
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Time forward passes over 1, 2, 4, 8 and 16 new tokens.
-    Forward(ForwardArgs),
-    /// Run workloads through plain and speculative decoding and report the speedup per category.
-    Run(crate::workload::RunArgs),
-    /// Replay recorded outputs through the drafter to compare drafting settings offline.
-    Drafting(crate::drafting_study::DraftingArgs),
-    /// Load-test the HTTP server with and without speculation at several concurrency levels.
-    Serve(crate::load::LoadArgs),
-}
 
 #[derive(Args, Debug)]
 pub struct ForwardArgs {
-    #[arg(long, default_value = crate::generate::DEFAULT_MODEL)]
+    #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
     /// Tokens already in the cache when the passes are timed.
     #[arg(long, default_value_t = 512)]
@@ -38,21 +26,12 @@ pub struct ForwardArgs {
     pub json: bool,
 }
 
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {
-        BenchCommand::Forward(a) => forward(a),
-        BenchCommand::Run(a) => crate::workload::run(a),
-        BenchCommand::Drafting(a) => crate::drafting_study::run(a),
-        BenchCommand::Serve(a) => crate::load::run(a),
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
-fn forward(a: ForwardArgs) -> anyhow::Result<()> {
+pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -83,59 +62,51 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             if !out.status.success() {
                 anyhow::bail!("bench forward with {n} threads failed");
             }
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-            runs.extend(v["runs"].as_array().cloned().unwrap_or_default());
+            let report: ForwardReport = serde_json::from_slice(&out.stdout)?;
+            runs.extend(report.runs);
         }
         runs
     };
-    let model = runs[0]["model"].clone();
     if a.json {
         // The run with the most threads at the top level (`threads`, `passes`,
         // `decode_tokens_per_s`, ...), every run under `runs`.
-        let mut v = runs
+        let top = runs
             .iter()
-            .max_by_key(|r| r["threads"].as_u64().unwrap_or(0))
+            .max_by_key(|r| r.threads)
             .cloned()
-            .unwrap_or_default();
-        v["runs"] = json!(runs);
-        println!("{}", serde_json::to_string_pretty(&v)?);
+            .expect("at least one thread count");
+        let report = ForwardReport { top, runs };
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!("model {}", model.as_str().unwrap_or("?"));
+    println!("model {}", runs[0].model);
     for r in &runs {
-        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "{} threads ({} tokens in cache):",
-            r["threads"], r["context"]
-        );
-        for p in r["passes"].as_array().into_iter().flatten() {
+        println!("{} threads ({} tokens in cache):", r.threads, r.context);
+        for p in &r.passes {
             println!(
                 "  pass over {:>2} tokens: {:8.2} ms  ({:.2}x one token)",
-                p["tokens"],
-                p["ms"].as_f64().unwrap_or(f64::NAN),
-                p["ratio_to_one"].as_f64().unwrap_or(f64::NAN)
+                p.tokens, p.ms, p.ratio_to_one
             );
         }
         println!(
             "  decode: {:.1} tokens/s = {:.0}% of the bandwidth bound ({:.1} tokens/s at {:.1} GB/s)",
-            f("decode_tokens_per_s"),
-            100.0 * f("decode_fraction_of_bound"),
-            f("bandwidth_bound_tokens_per_s"),
-            f("bandwidth_gb_s")
+            r.decode_tokens_per_s,
+            100.0 * r.decode_fraction_of_bound,
+            r.bandwidth_bound_tokens_per_s,
+            r.bandwidth_gb_s
         );
         println!(
             "  prefill of {} tokens: {:.1} tokens/s",
-            r["prefill_tokens"],
-            f("prefill_tokens_per_s")
+            r.prefill_tokens, r.prefill_tokens_per_s
         );
     }
     Ok(())
 }
 
 /// Every figure at one thread count, in this process.
-fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<serde_json::Value> {
-    let threads = crate::init_threads(Some(threads))?;
-    let lm = crate::load_model(&a.model)?;
+fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
+    let threads = crate::common::init_threads(Some(threads))?;
+    let lm = crate::common::load_model(&a.model)?;
     let model = &lm.model;
     let sizes = [1usize, 2, 4, 8, 16];
     let capacity = (a.context + 64 + 16).max(a.prefill_tokens + 1);
@@ -203,19 +174,26 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<serde_json::Va
     let gb_s = engine::kernels::read_bandwidth((2 * weight_bytes).max(1 << 30));
     let bound = gb_s * 1e9 / weight_bytes as f64;
     let one = passes[0].1;
-    Ok(json!({
-        "model": lm.name,
-        "model_path": lm.path,
-        "threads": threads,
-        "isa": format!("{:?}", engine::kernels::isa()),
-        "context": a.context,
-        "passes": passes.iter().map(|(n, ms)| json!({"tokens": n, "ms": ms, "ratio_to_one": ms / one})).collect::<Vec<_>>(),
-        "decode_tokens_per_s": decode_tps,
-        "prefill_tokens": a.prefill_tokens,
-        "prefill_tokens_per_s": prefill_tps,
-        "weight_bytes_per_token": weight_bytes,
-        "bandwidth_gb_s": gb_s,
-        "bandwidth_bound_tokens_per_s": bound,
-        "decode_fraction_of_bound": decode_tps / bound,
-    }))
+    Ok(ForwardRun {
+        model: lm.name.clone(),
+        model_path: lm.path.clone(),
+        threads,
+        isa: format!("{:?}", engine::kernels::isa()),
+        context: a.context,
+        passes: passes
+            .iter()
+            .map(|&(tokens, ms)| PassTiming {
+                tokens,
+                ms,
+                ratio_to_one: ms / one,
+            })
+            .collect(),
+        decode_tokens_per_s: decode_tps,
+        prefill_tokens: a.prefill_tokens,
+        prefill_tokens_per_s: prefill_tps,
+        weight_bytes_per_token: weight_bytes,
+        bandwidth_gb_s: gb_s,
+        bandwidth_bound_tokens_per_s: bound,
+        decode_fraction_of_bound: decode_tps / bound,
+    })
 }

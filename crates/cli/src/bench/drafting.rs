@@ -5,8 +5,9 @@
 //! --json`), that gives each setting's decode time relative to plain decoding, for every
 //! combination of match policy, n-gram range and K, in seconds instead of hours of model time.
 
+use super::results::{read_json, ForwardReport, ResultsFile};
 use clap::Args;
-use drafting::{DraftLength, MatchPolicy, NgramConfig, NgramIndex};
+use drafting::{Drafter, MatchPolicy, PassCost, SpecConfig};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -32,25 +33,6 @@ struct Turn {
     output: Vec<u32>,
 }
 
-/// Relative cost of a pass over `t` tokens (1.0 for one token), interpolated from measurements.
-struct PassCost(Vec<(f64, f64)>);
-
-impl PassCost {
-    fn at(&self, t: usize) -> f64 {
-        let t = t as f64;
-        let p = &self.0;
-        if p.len() < 2 {
-            return 1.0;
-        }
-        let seg = p
-            .windows(2)
-            .find(|w| t <= w[1].0)
-            .unwrap_or(&p[p.len() - 2..]);
-        let (a, b) = (seg[0], seg[1]);
-        a.1 + (b.1 - a.1) * (t - a.0) / (b.0 - a.0)
-    }
-}
-
 #[derive(Default, Clone, Copy, serde::Serialize)]
 struct Tally {
     steps: usize,
@@ -74,46 +56,35 @@ impl Tally {
     }
 }
 
-/// Replays one turn: the first output token comes from prefill, then each step drafts up to `k`
-/// tokens and keeps the prefix that matches the recorded output, plus one.
-/// With `adaptive`, the draft is cut to what `DraftLength` expects to pay off, as the engine does.
-fn replay(turn: &Turn, config: NgramConfig, k: usize, adaptive: bool, cost: &PassCost) -> Tally {
+/// Replays one turn through a [`Drafter`] with the settings `spec`: the first output token comes
+/// from prefill, then each step drafts and keeps the prefix that matches the recorded output, plus
+/// one; the drafter observes every outcome and the relative pass cost, as in the engine.
+fn replay(turn: &Turn, spec: &SpecConfig, cost: &PassCost) -> Tally {
     let mut t = Tally::default();
     if turn.output.len() < 2 {
         return t;
     }
-    let mut index = NgramIndex::with_tokens(config, &turn.prompt);
-    index.push(turn.output[0]);
+    let mut drafter = Drafter::new(spec, &turn.prompt).expect("valid drafting settings");
+    drafter.push(turn.output[0]);
     let mut pos = 1;
-    let mut draft = Vec::with_capacity(k);
-    let mut length = DraftLength::new(engine::generate::PRIOR_DRAFT_TOKEN_COST);
     while pos < turn.output.len() {
         let left = turn.output.len() - pos;
-        let n = index
-            .propose(k.min(left - 1), &mut draft)
-            .map(|m| m.n)
-            .unwrap_or(0);
-        if adaptive && !draft.is_empty() {
-            draft.truncate(length.choose(n, draft.len()));
-        }
+        let draft = drafter.propose(left - 1, None);
+        let drafted = draft.len();
         let accepted = draft
             .iter()
             .zip(&turn.output[pos..])
             .take_while(|(a, b)| a == b)
             .count();
         let emitted = accepted + 1;
+        drafter.observe(accepted);
+        drafter.observe_cost(drafted + 1, cost.relative(drafted + 1));
         for &tok in &turn.output[pos..pos + emitted] {
-            index.push(tok);
+            drafter.push(tok);
         }
-        if draft.is_empty() {
-            length.idle();
-        } else {
-            length.observe(n, draft.len(), accepted);
-        }
-        length.observe_cost(draft.len() + 1, cost.at(draft.len() + 1));
         t.steps += 1;
         t.decode_tokens += emitted;
-        t.spec_cost += cost.at(draft.len() + 1);
+        t.spec_cost += cost.relative(drafted + 1);
         pos += emitted;
     }
     t.plain_cost = (turn.output.len() - 1) as f64;
@@ -121,57 +92,36 @@ fn replay(turn: &Turn, config: NgramConfig, k: usize, adaptive: bool, cost: &Pas
 }
 
 pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.results)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.results.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", a.results.display()))?;
-    let rows = v["rows"].as_array().ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} has no rows (written by `pld bench run --out`?)",
-            a.results.display()
-        )
-    })?;
-    let mut turns = Vec::new();
-    for row in rows {
-        let category = row["category"].as_str().unwrap_or("?").to_string();
-        for t in row["turns"].as_array().into_iter().flatten() {
-            let ids = |k: &str| -> Vec<u32> {
-                t[k].as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|x| x.as_u64().map(|x| x as u32))
-                    .collect()
-            };
-            turns.push(Turn {
+    let file: ResultsFile = read_json(
+        &a.results,
+        "a results file of `pld bench run --out` (no rows)",
+    )?;
+    let turns: Vec<Turn> = file
+        .rows
+        .into_iter()
+        .flat_map(|row| {
+            let category = row.category;
+            row.turns.into_iter().map(move |t| Turn {
                 category: category.clone(),
-                prompt: ids("prompt_ids"),
-                output: ids("output_ids"),
-            });
-        }
-    }
+                prompt: t.prompt_ids,
+                output: t.output_ids,
+            })
+        })
+        .collect();
     if turns.is_empty() {
         anyhow::bail!("no turns with token ids in {}", a.results.display());
     }
     let cost = match &a.forward {
         Some(p) => {
-            let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p)?)?;
-            let passes = f["passes"]
-                .as_array()
-                .ok_or_else(|| anyhow::anyhow!("{} has no passes", p.display()))?;
-            let one = passes[0]["ms"].as_f64().unwrap_or(1.0);
-            PassCost(
-                passes
-                    .iter()
-                    .map(|p| {
-                        (
-                            p["tokens"].as_f64().unwrap_or(1.0),
-                            p["ms"].as_f64().unwrap_or(one) / one,
-                        )
-                    })
-                    .collect(),
-            )
+            let f: ForwardReport = read_json(p, "the output of `pld bench forward --json`")?;
+            let points: Vec<(usize, f64)> =
+                f.top.passes.iter().map(|p| (p.tokens, p.ms)).collect();
+            if points.is_empty() {
+                anyhow::bail!("{} has no passes", p.display());
+            }
+            PassCost::from_points(&points)
         }
-        None => PassCost(Vec::new()),
+        None => PassCost::flat(),
     };
 
     let mut results = Vec::new();
@@ -179,11 +129,18 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
         for (min_n, max_n) in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 5)] {
             for k in [2usize, 3, 4, 6, 8, 12, 16] {
                 for adaptive in [false, true] {
-                    let config = NgramConfig::new(min_n, max_n)?.with_policy(policy);
+                    let spec = SpecConfig {
+                        num_speculative_tokens: k,
+                        prompt_lookup_max: max_n,
+                        prompt_lookup_min: min_n,
+                        match_policy: policy,
+                        adaptive,
+                    };
+                    spec.validate()?;
                     let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
                     let mut all = Tally::default();
                     for turn in &turns {
-                        let t = replay(turn, config, k, adaptive, &cost);
+                        let t = replay(turn, &spec, &cost);
                         per_cat.entry(turn.category.clone()).or_default().add(&t);
                         all.add(&t);
                     }
@@ -250,6 +207,16 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    fn spec(k: usize, max_n: usize) -> SpecConfig {
+        SpecConfig {
+            num_speculative_tokens: k,
+            prompt_lookup_max: max_n,
+            prompt_lookup_min: 1,
+            adaptive: false,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn replay_counts_accepted_prefixes() {
         // The output copies the prompt: after the first token every step can draft the rest.
@@ -258,24 +225,13 @@ mod tests {
             prompt: vec![1, 2, 3, 4, 5, 6, 9, 1],
             output: vec![2, 3, 4, 5, 6, 7],
         };
-        let flat = PassCost(Vec::new());
-        let t = replay(&turn, NgramConfig::new(1, 2).unwrap(), 8, false, &flat);
+        let flat = PassCost::flat();
+        let t = replay(&turn, &spec(8, 2), &flat);
         // Step 1 drafts [3,4,5,6,9] (4 accepted) and adds 7: all five decode tokens in one step.
         assert_eq!(t.decode_tokens, 5);
         assert_eq!(t.steps, 1);
         assert!((t.speedup() - 5.0).abs() < 1e-9);
-        let t = replay(&turn, NgramConfig::new(1, 2).unwrap(), 2, false, &flat);
+        let t = replay(&turn, &spec(2, 2), &flat);
         assert_eq!((t.steps, t.decode_tokens), (2, 5));
-    }
-
-    #[test]
-    fn pass_cost_interpolates() {
-        let c = PassCost(vec![(1.0, 1.0), (2.0, 1.2), (4.0, 1.6), (8.0, 3.0)]);
-        assert!((c.at(1) - 1.0).abs() < 1e-9);
-        assert!((c.at(3) - 1.4).abs() < 1e-9);
-        assert!(
-            (c.at(16) - 5.8).abs() < 1e-9,
-            "extrapolates the last segment"
-        );
     }
 }

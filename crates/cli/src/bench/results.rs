@@ -1,0 +1,157 @@
+//! The JSON files the benchmarks write and read back, as types: `bench run`'s results (read again
+//! by `bench run --from-results` and `bench drafting`) and `bench forward --json` (read by
+//! `bench drafting --forward`).
+
+use drafting::SpecConfig;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// One row of a workload in Spec-Bench's JSONL format: every turn is a user message.
+#[derive(Deserialize, Clone)]
+pub struct WorkloadRow {
+    pub question_id: serde_json::Value,
+    pub category: String,
+    pub turns: Vec<String>,
+}
+
+/// Every row of a Spec-Bench JSONL file (blank lines skipped); an error names the file and line.
+pub fn read_workload(path: &Path) -> anyhow::Result<Vec<WorkloadRow>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read workload {}: {e}", path.display()))?;
+    let mut rows = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let row: WorkloadRow = serde_json::from_str(line).map_err(|e| {
+            anyhow::anyhow!(
+                "{} line {}: not a Spec-Bench row: {e}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        if row.turns.is_empty() {
+            anyhow::bail!("{} line {}: the row has no turns", path.display(), i + 1);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// `results.json` (and `results.partial.json`, which has rows only).
+#[derive(Serialize, Deserialize)]
+pub struct ResultsFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<RunSummary>,
+    pub rows: Vec<RowResult>,
+}
+
+/// What one row measured, both ways, over all its turns.
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct RowResult {
+    pub question_id: serde_json::Value,
+    pub category: String,
+    pub new_tokens: usize,
+    pub plain_decode_s: f64,
+    pub spec_decode_s: f64,
+    pub steps: usize,
+    pub decode_tokens: usize,
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
+    pub propose_s: f64,
+    pub identical: bool,
+    /// Per turn: the prompt and the (plain, greedy) output token ids, for offline drafting studies.
+    pub turns: Vec<TurnTokens>,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct TurnTokens {
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+}
+
+/// Totals over a set of rows.
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct Summary {
+    pub rows: usize,
+    pub new_tokens: usize,
+    pub plain_tokens_per_s: f64,
+    pub spec_tokens_per_s: f64,
+    pub speedup: f64,
+    pub mean_accepted_tokens: f64,
+    pub acceptance_rate: f64,
+    pub propose_us_per_step: f64,
+    pub mismatches: usize,
+}
+
+/// The speculation settings as reports print them (vLLM's names, with the method).
+#[derive(Serialize, Deserialize, Clone)]
+pub struct SpeculationReport {
+    pub method: String,
+    #[serde(flatten)]
+    pub config: SpecConfig,
+}
+
+impl From<&SpecConfig> for SpeculationReport {
+    fn from(c: &SpecConfig) -> Self {
+        SpeculationReport {
+            method: if c.enabled() { "ngram" } else { "none" }.into(),
+            config: *c,
+        }
+    }
+}
+
+/// `bench run`'s summary: the run's settings, per category and overall.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct RunSummary {
+    pub model: String,
+    pub model_path: std::path::PathBuf,
+    pub threads: usize,
+    pub max_tokens: usize,
+    pub speculation: SpeculationReport,
+    pub categories: std::collections::BTreeMap<String, Summary>,
+    pub overall: Summary,
+}
+
+/// One pass size of `bench forward`.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+pub struct PassTiming {
+    pub tokens: usize,
+    pub ms: f64,
+    pub ratio_to_one: f64,
+}
+
+/// Every figure of `bench forward` at one thread count.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct ForwardRun {
+    pub model: String,
+    pub model_path: std::path::PathBuf,
+    pub threads: usize,
+    pub isa: String,
+    pub context: usize,
+    pub passes: Vec<PassTiming>,
+    pub decode_tokens_per_s: f64,
+    pub prefill_tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub weight_bytes_per_token: usize,
+    pub bandwidth_gb_s: f64,
+    pub bandwidth_bound_tokens_per_s: f64,
+    pub decode_fraction_of_bound: f64,
+}
+
+/// `bench forward --json`: the run with the most threads at the top level, every run in `runs`.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct ForwardReport {
+    #[serde(flatten)]
+    pub top: ForwardRun,
+    pub runs: Vec<ForwardRun>,
+}
+
+/// Reads and parses a JSON file, naming the file in every error.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not {what}: {e}", path.display()))
+}

@@ -1,0 +1,309 @@
+//! The speculation settings, one type for every surface.
+//!
+//! [`SpecConfig`] is what a generation runs with. It is spelled with vLLM's names
+//! (`num_speculative_tokens`, `prompt_lookup_max`, `prompt_lookup_min`) and also accepts Hugging
+//! Face's (`prompt_lookup_num_tokens`, `max_matching_ngram_size`) when read from JSON. A surface (the
+//! CLI's flags, an HTTP request) states only what it wants changed, as a [`SpecOverrides`];
+//! [`SpecConfig::merge`] lays those over the defaults in one fixed order and checks the result, with
+//! an error that names the offending field. vLLM's `speculative_config` object is a
+//! [`SpecOverrides`] too, read with the same rules (unknown fields refused) everywhere.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, MatchPolicy, NgramConfig};
+
+/// Default number of drafted tokens per step (see the README's Benchmarks section).
+pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
+/// Default longest n-gram matched.
+pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
+/// Default shortest n-gram matched.
+pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
+
+/// The `method` names that mean prompt lookup (vLLM says `ngram`).
+pub const METHODS: [&str; 2] = ["ngram", "prompt_lookup"];
+
+/// How a generation drafts: how many tokens per step, from which n-gram sizes, and whether the
+/// draft is cut to what is expected to pay for its verification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpecConfig {
+    /// Tokens drafted per step at most; 0 turns speculation off.
+    #[serde(alias = "prompt_lookup_num_tokens")]
+    pub num_speculative_tokens: usize,
+    /// The longest n-gram matched (tried first).
+    #[serde(alias = "max_matching_ngram_size")]
+    pub prompt_lookup_max: usize,
+    /// The shortest n-gram matched.
+    pub prompt_lookup_min: usize,
+    /// Which earlier occurrence of the n-gram to copy from.
+    pub match_policy: MatchPolicy,
+    /// Send only as many drafted tokens as are expected to pay for their verification (estimated
+    /// from the acceptance so far and the measured pass cost); false sends every proposed token.
+    pub adaptive: bool,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            num_speculative_tokens: DEFAULT_NUM_SPECULATIVE_TOKENS,
+            prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX,
+            prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
+            match_policy: MatchPolicy::default(),
+            adaptive: true,
+        }
+    }
+}
+
+/// What one surface asks to change in a [`SpecConfig`]; `None` keeps the value below it. This is
+/// also vLLM's `speculative_config` object (with `method`), read the same way by the CLI and the
+/// server: unknown fields are an error.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecOverrides {
+    /// `ngram` or `prompt_lookup`; anything else is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(
+        default,
+        alias = "prompt_lookup_num_tokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub num_speculative_tokens: Option<usize>,
+    #[serde(
+        default,
+        alias = "max_matching_ngram_size",
+        alias = "ngram_prompt_lookup_max",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prompt_lookup_max: Option<usize>,
+    #[serde(
+        default,
+        alias = "ngram_prompt_lookup_min",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prompt_lookup_min: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_policy: Option<MatchPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<bool>,
+}
+
+impl SpecOverrides {
+    /// Overrides that turn speculation off.
+    pub fn off() -> Self {
+        SpecOverrides {
+            num_speculative_tokens: Some(0),
+            ..Default::default()
+        }
+    }
+}
+
+/// A speculation setting that was refused, with the field it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    /// The field at fault, as the user spelled it on the JSON surfaces (e.g. `prompt_lookup_min`,
+    /// `speculative_config.method`).
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+impl SpecConfig {
+    /// Speculation off, everything else default.
+    pub fn off() -> Self {
+        SpecConfig {
+            num_speculative_tokens: 0,
+            ..Default::default()
+        }
+    }
+
+    /// Whether any token is drafted.
+    pub fn enabled(&self) -> bool {
+        self.num_speculative_tokens > 0
+    }
+
+    /// The n-gram lookup these settings describe, or an error naming the field out of range.
+    pub fn ngram(&self) -> Result<NgramConfig, SpecError> {
+        NgramConfig::new(self.prompt_lookup_min, self.prompt_lookup_max)
+            .map(|c| c.with_policy(self.match_policy))
+            .map_err(|e| SpecError {
+                field: match e {
+                    ConfigError::MaxTooLarge { .. } => "prompt_lookup_max",
+                    ConfigError::MinNZero | ConfigError::MinAboveMax { .. } => "prompt_lookup_min",
+                },
+                message: e.to_string(),
+            })
+    }
+
+    /// Checks the settings (the n-gram range matters only when speculation is on).
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.enabled() {
+            self.ngram()?;
+        }
+        Ok(())
+    }
+
+    /// The one precedence rule of every surface: `self` (the defaults), then the
+    /// `speculative_config` object, then the top-level settings (flags or request fields). The
+    /// result is validated.
+    pub fn merge(
+        &self,
+        speculative_config: Option<&SpecOverrides>,
+        top_level: &SpecOverrides,
+    ) -> Result<SpecConfig, SpecError> {
+        let mut out = *self;
+        if let Some(sc) = speculative_config {
+            out.apply(sc, "speculative_config.method")?;
+        }
+        out.apply(top_level, "method")?;
+        out.validate()?;
+        Ok(out)
+    }
+
+    fn apply(&mut self, o: &SpecOverrides, method_field: &'static str) -> Result<(), SpecError> {
+        if let Some(m) = o.method.as_deref() {
+            if !METHODS.contains(&m) {
+                return Err(SpecError {
+                    field: method_field,
+                    message: format!(
+                        "speculative method '{m}' is not supported (pld drafts with \"ngram\")"
+                    ),
+                });
+            }
+        }
+        let SpecOverrides {
+            method: _,
+            num_speculative_tokens,
+            prompt_lookup_max,
+            prompt_lookup_min,
+            match_policy,
+            adaptive,
+        } = o;
+        set(&mut self.num_speculative_tokens, num_speculative_tokens);
+        set(&mut self.prompt_lookup_max, prompt_lookup_max);
+        set(&mut self.prompt_lookup_min, prompt_lookup_min);
+        set(&mut self.match_policy, match_policy);
+        set(&mut self.adaptive, adaptive);
+        Ok(())
+    }
+}
+
+fn set<T: Copy>(field: &mut T, value: &Option<T>) {
+    if let Some(v) = value {
+        *field = *v;
+    }
+}
+
+impl Serialize for MatchPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for MatchPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<SpecOverrides, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn later_layers_win() {
+        let sc = parse(r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}"#)
+            .unwrap();
+        let top = SpecOverrides {
+            num_speculative_tokens: Some(2),
+            ..Default::default()
+        };
+        let c = SpecConfig::default().merge(Some(&sc), &top).unwrap();
+        assert_eq!(c.num_speculative_tokens, 2, "top level over speculative_config");
+        assert_eq!(c.prompt_lookup_max, 3, "speculative_config over defaults");
+        assert_eq!(c.prompt_lookup_min, DEFAULT_PROMPT_LOOKUP_MIN);
+        let c = SpecConfig::default()
+            .merge(None, &SpecOverrides::default())
+            .unwrap();
+        assert_eq!(c, SpecConfig::default());
+    }
+
+    #[test]
+    fn hugging_face_and_old_vllm_names_are_accepted() {
+        let o = parse(r#"{"prompt_lookup_num_tokens":5,"max_matching_ngram_size":2}"#).unwrap();
+        assert_eq!(o.num_speculative_tokens, Some(5));
+        assert_eq!(o.prompt_lookup_max, Some(2));
+        let o = parse(r#"{"ngram_prompt_lookup_max":6,"ngram_prompt_lookup_min":2}"#).unwrap();
+        assert_eq!((o.prompt_lookup_max, o.prompt_lookup_min), (Some(6), Some(2)));
+        let c: SpecConfig =
+            serde_json::from_str(r#"{"prompt_lookup_num_tokens":3,"match_policy":"longest"}"#)
+                .unwrap();
+        assert_eq!(c.num_speculative_tokens, 3);
+        assert_eq!(c.match_policy, MatchPolicy::LongestContinuation);
+        assert_eq!(c.prompt_lookup_max, DEFAULT_PROMPT_LOOKUP_MAX);
+    }
+
+    #[test]
+    fn unknown_fields_and_methods_are_refused_by_name() {
+        let e = parse(r#"{"method":"ngram","num_lookahead":3}"#).unwrap_err();
+        assert!(e.to_string().contains("num_lookahead"), "{e}");
+        let e = serde_json::from_str::<SpecConfig>(r#"{"k":3}"#).unwrap_err();
+        assert!(e.to_string().contains("`k`"), "{e}");
+        let sc = parse(r#"{"method":"eagle"}"#).unwrap();
+        let e = SpecConfig::default()
+            .merge(Some(&sc), &SpecOverrides::default())
+            .unwrap_err();
+        assert_eq!(e.field, "speculative_config.method");
+        assert!(e.message.contains("eagle"), "{e}");
+        let e = parse(r#"{"match_policy":"newest"}"#).unwrap_err();
+        assert!(e.to_string().contains("newest"), "{e}");
+    }
+
+    #[test]
+    fn range_errors_name_the_field() {
+        let bad = |min, max| SpecOverrides {
+            prompt_lookup_min: Some(min),
+            prompt_lookup_max: Some(max),
+            ..Default::default()
+        };
+        let e = SpecConfig::default().merge(None, &bad(0, 3)).unwrap_err();
+        assert_eq!(e.field, "prompt_lookup_min");
+        let e = SpecConfig::default().merge(None, &bad(4, 2)).unwrap_err();
+        assert_eq!(e.field, "prompt_lookup_min");
+        assert!(e.to_string().contains("prompt_lookup_min"), "{e}");
+        let e = SpecConfig::default().merge(None, &bad(1, 99)).unwrap_err();
+        assert_eq!(e.field, "prompt_lookup_max");
+        // With speculation off the range is not checked.
+        let mut off = bad(0, 3);
+        off.num_speculative_tokens = Some(0);
+        assert!(!SpecConfig::default().merge(None, &off).unwrap().enabled());
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let c = SpecConfig {
+            num_speculative_tokens: 6,
+            prompt_lookup_max: 3,
+            prompt_lookup_min: 2,
+            match_policy: MatchPolicy::Earliest,
+            adaptive: false,
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(text.contains("\"match_policy\":\"earliest\""), "{text}");
+        assert_eq!(serde_json::from_str::<SpecConfig>(&text).unwrap(), c);
+    }
+}
