@@ -1,0 +1,172 @@
+//! The float loops around the products: dot product, softmax and SwiGLU (with a vectorized
+//! exponential), and the 8-bit quantization of activation blocks.
+
+use super::hsum;
+use crate::kernels::swiglu_scalar;
+use std::arch::x86_64::*;
+
+/// # Safety
+/// The CPU must have AVX2 and FMA; `a` and `b` have the same length.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        acc1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(i + 8)),
+            _mm256_loadu_ps(pb.add(i + 8)),
+            acc1,
+        );
+        i += 16;
+    }
+    if i + 8 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        i += 8;
+    }
+    let mut s = hsum(_mm256_add_ps(acc0, acc1));
+    while i < n {
+        s += a[i] * b[i];
+        i += 1;
+    }
+    s
+}
+
+/// Quantizes one block of activations to 8 bits: returns the scale `amax / 127` and writes
+/// `round_ties_even(x / scale)` to `qs`, exactly as the plain version does (same product, same
+/// rounding). `xs.len()` is a multiple of 32.
+///
+/// # Safety
+/// The CPU must have AVX2; `qs.len() == xs.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
+    let n = xs.len();
+    let p = xs.as_ptr();
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    for i in (0..n).step_by(8) {
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs));
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    let d = _mm_cvtss_f32(m) / 127.0;
+    let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in (0..n).step_by(32) {
+        // `cvtps` rounds to nearest even (the default rounding mode).
+        let v = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(i + o)), id));
+        let (a, b, c, e) = (v(0), v(8), v(16), v(24));
+        let w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(i) as *mut __m256i, w);
+    }
+    d
+}
+
+/// e^x for eight floats: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to degree
+/// 7 (truncation below 1e-8 relative), times 2^n. Inputs are clamped to [-87, 88], where 2^n is a
+/// normal float; below that the result is about 1.6e-38 instead of smaller.
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+        _mm256_set1_ps(88.0),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    // ln 2 in two parts, so that n * LN2_HI is exact.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / c));
+    }
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+}
+
+/// `kernels::softmax` with `exp8`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn softmax_avx2(x: &mut [f32]) {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    // The maximum, in four independent lanes of vectors (the order does not change a maximum).
+    let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, m) in m.iter_mut().enumerate() {
+            *m = _mm256_max_ps(*m, _mm256_loadu_ps(p.add(i + 8 * j)));
+        }
+        i += 32;
+    }
+    let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    let max = lanes
+        .iter()
+        .chain(&x[i..])
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let vmax = _mm256_set1_ps(max);
+    let mut vsum = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vmax));
+        _mm256_storeu_ps(p.add(i), e);
+        vsum = _mm256_add_ps(vsum, e);
+        i += 8;
+    }
+    let mut sum = hsum(vsum);
+    if i < n {
+        let mut tail = [f32::NEG_INFINITY; 8];
+        tail[..n - i].copy_from_slice(&x[i..]);
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), vmax));
+        _mm256_storeu_ps(tail.as_mut_ptr(), e);
+        for (j, v) in tail[..n - i].iter().enumerate() {
+            x[i + j] = *v;
+            sum += v;
+        }
+    }
+    let inv = _mm256_set1_ps(1.0 / sum);
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        i += 8;
+    }
+    for v in &mut x[i..] {
+        *v *= 1.0 / sum;
+    }
+}
+
+/// `kernels::swiglu` with `exp8`: `gate = gate / (1 + e^-gate) * up`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `up.len() >= gate.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len();
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = _mm256_loadu_ps(g.add(i));
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+        i += 8;
+    }
+    swiglu_scalar(&mut gate[i..], &up[i..n]);
+}

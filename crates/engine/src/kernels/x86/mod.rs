@@ -1,0 +1,31 @@
+//! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
+//! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (float
+//! loops and activation quantization). The callers in `kernels` choose them at run time.
+
+use std::arch::x86_64::*;
+
+mod attention;
+mod elementwise;
+mod packed;
+mod products;
+
+pub use attention::{attend_avx2, attend_rows_avx512};
+pub use elementwise::{dot_f32, quantize_block_avx2, softmax_avx2, swiglu_avx2};
+pub use packed::packed_rows;
+pub use products::{dot_rows_avx2, dot_rows_vnni};
+
+pub const Q4_0: u8 = 0;
+pub const Q4_1: u8 = 1;
+pub const Q5_0: u8 = 2;
+pub const Q8_0: u8 = 3;
+pub const Q4K: u8 = 4;
+pub const Q6K: u8 = 5;
+
+/// The sum of the eight lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
