@@ -1,4 +1,5 @@
 use super::*;
+use candle_core::quantized::GgmlDType;
 
 /// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {
