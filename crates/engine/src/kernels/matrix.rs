@@ -2,9 +2,9 @@
 //! window into the memory-mapped model file, or an owned buffer), checked once, with an optional
 //! interleaved copy for the packed kernels.
 
+use super::format::Format;
 use super::isa::Isa;
 use super::packed;
-use super::quant::Format;
 use candle_core::quantized::k_quants::GgmlType;
 use candle_core::quantized::GgmlDType;
 use std::sync::Arc;

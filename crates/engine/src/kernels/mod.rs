@@ -17,6 +17,7 @@ use candle_core::quantized::k_quants::GgmlType;
 mod attention;
 mod bandwidth;
 mod elementwise;
+pub mod format;
 mod isa;
 mod matrix;
 pub mod packed;
@@ -35,9 +36,10 @@ pub use isa::{isa, Isa};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub use parallel::{par_chunks_mut, par_split_mut};
 
+use format::Format;
 use matrix::{blocks, dispatch};
 use parallel::OutPtr;
-use quant::{Format, QuantizedActs};
+use quant::QuantizedActs;
 
 /// `out[i, j] = sum_k x[i, k] * w[j, k]` for `m` activation rows: `x` is `m x w.cols`, `out` is
 /// `m x w.rows`, both row-major.

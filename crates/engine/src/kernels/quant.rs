@@ -7,10 +7,7 @@
 //! the activation integers (per 32-block, or per 16 inside a 256-block) carry the formats' offsets
 //! and minimums, so weights are handled as small unsigned integers.
 
-use half::f16;
-
-pub const QK: usize = 32;
-pub const QK_K: usize = 256;
+use super::format::{f16_at, q4k, q4k_scales_mins, q6k, Format};
 
 /// Activation rows quantized to 8 bits per block of `block` values.
 #[derive(Default, Clone)]
@@ -198,167 +195,6 @@ fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     d
 }
 
-#[inline(always)]
-pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
-}
-
-/// The 6-bit scales and mins of the eight sub-blocks of a Q4_K super-block. The 12 packed bytes
-/// hold scales 0..4 and mins 0..4 in the low 6 bits of bytes 0..4 and 4..8; scales and mins 4..8
-/// have their low 4 bits in the nibbles of bytes 8..12 and their top 2 bits in the top bits of
-/// bytes 0..4 and 4..8. Done four bytes at a time.
-#[inline(always)]
-pub fn q4k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
-    let (a, b, c) = (word(0), word(4), word(8));
-    let six = 0x3f3f_3f3f;
-    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
-    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
-    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
-    (join(a & six, sc_hi), join(b & six, m_hi))
-}
-
-/// The weight formats with our own kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-    Q4K,
-    Q6K,
-}
-
-impl Format {
-    pub fn from_ggml(d: candle_core::quantized::GgmlDType) -> Option<Self> {
-        use candle_core::quantized::GgmlDType as G;
-        Some(match d {
-            G::Q4_0 => Format::Q4_0,
-            G::Q4_1 => Format::Q4_1,
-            G::Q5_0 => Format::Q5_0,
-            G::Q8_0 => Format::Q8_0,
-            G::Q4K => Format::Q4K,
-            G::Q6K => Format::Q6K,
-            _ => return None,
-        })
-    }
-
-    /// (elements, bytes) of one super-block.
-    pub const fn super_block(self) -> (usize, usize) {
-        match self {
-            Format::Q4_0 => (32, 18),
-            Format::Q4_1 => (32, 20),
-            Format::Q5_0 => (32, 22),
-            Format::Q8_0 => (32, 34),
-            Format::Q4K => (256, 144),
-            Format::Q6K => (256, 210),
-        }
-    }
-
-    /// The activation block size the format's kernel wants.
-    pub const fn act_block(self) -> usize {
-        self.super_block().0
-    }
-
-    /// Decodes one block of a 32-element format into integers `w` with `value = scale * w + offset`.
-    pub fn decode32(self, blk: &[u8], w: &mut [i8; 32]) -> (f32, f32) {
-        let d = f16_at(blk, 0);
-        match self {
-            Format::Q4_0 | Format::Q4_1 => {
-                let qs = &blk[if self == Format::Q4_0 { 2 } else { 4 }..][..16];
-                for j in 0..16 {
-                    w[j] = (qs[j] & 0xF) as i8;
-                    w[j + 16] = (qs[j] >> 4) as i8;
-                }
-                let offset = if self == Format::Q4_0 {
-                    -8.0 * d
-                } else {
-                    f16_at(blk, 2)
-                };
-                (d, offset)
-            }
-            Format::Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                let qs = &blk[6..22];
-                for j in 0..16 {
-                    let h0 = ((qh >> j) & 1) as u8;
-                    let h1 = ((qh >> (j + 16)) & 1) as u8;
-                    w[j] = ((qs[j] & 0xF) | (h0 << 4)) as i8;
-                    w[j + 16] = ((qs[j] >> 4) | (h1 << 4)) as i8;
-                }
-                (d, -16.0 * d)
-            }
-            Format::Q8_0 => {
-                for j in 0..32 {
-                    w[j] = blk[2 + j] as i8;
-                }
-                (d, 0.0)
-            }
-            Format::Q4K | Format::Q6K => unreachable!("256-element format"),
-        }
-    }
-
-    /// Q4_K: the 4-bit integers of the super-block and (d * scale, dmin * min) per 32.
-    pub fn decode_q4k(sb: &[u8], w: &mut [u8; 256]) -> ([f32; 8], [f32; 8]) {
-        let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
-        let (sc, m) = q4k_scales_mins(&sb[4..16]);
-        for p in 0..4 {
-            let qs = &sb[16 + 32 * p..16 + 32 * p + 32];
-            for l in 0..32 {
-                w[64 * p + l] = qs[l] & 0xF;
-                w[64 * p + 32 + l] = qs[l] >> 4;
-            }
-        }
-        (sc.map(|s| d * s as f32), m.map(|v| dmin * v as f32))
-    }
-
-    /// Q6_K: the 6-bit integers (0..63, value is scale * (q - 32)) and the integer scale per 16.
-    pub fn decode_q6k(sb: &[u8], w: &mut [u8; 256]) -> [i8; 16] {
-        for half in 0..2 {
-            let ql = &sb[64 * half..];
-            let qh = &sb[128 + 32 * half..];
-            for l in 0..32 {
-                let o = 128 * half + l;
-                w[o] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                w[o + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                w[o + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                w[o + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-            }
-        }
-        let mut sc = [0i8; 16];
-        for (i, s) in sc.iter_mut().enumerate() {
-            *s = sb[192 + i] as i8;
-        }
-        sc
-    }
-
-    /// The real values of one super-block (for tests against candle's dequantization).
-    pub fn dequantize_super_block(self, sb: &[u8]) -> Vec<f32> {
-        match self {
-            Format::Q4K => {
-                let mut w = [0u8; 256];
-                let (s, m) = Self::decode_q4k(sb, &mut w);
-                (0..256)
-                    .map(|e| s[e / 32] * w[e] as f32 - m[e / 32])
-                    .collect()
-            }
-            Format::Q6K => {
-                let mut w = [0u8; 256];
-                let sc = Self::decode_q6k(sb, &mut w);
-                let d = f16_at(sb, 208);
-                (0..256)
-                    .map(|e| d * sc[e / 16] as f32 * (w[e] as i32 - 32) as f32)
-                    .collect()
-            }
-            _ => {
-                let mut w = [0i8; 32];
-                let (s, o) = self.decode32(sb, &mut w);
-                w.iter().map(|&v| s * v as f32 + o).collect()
-            }
-        }
-    }
-}
-
 /// Plain-Rust dot products of one weight row with activation rows `r0..r0 + out.len()`.
 pub fn dot_rows_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
     for (i, o) in out.iter_mut().enumerate() {
@@ -379,8 +215,8 @@ fn dot_row_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r: usize) -> f32
         match f {
             Format::Q4K => {
                 let mut w = [0u8; 256];
-                let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
-                let (sc, m) = q4k_scales_mins(&sb[4..16]);
+                let (d, dmin) = (f16_at(sb, q4k::D), f16_at(sb, q4k::DMIN));
+                let (sc, m) = q4k_scales_mins(&sb[q4k::SCALES..q4k::QS]);
                 Format::decode_q4k(sb, &mut w);
                 let mut isum = 0i32;
                 let mut msum = 0i32;
@@ -401,7 +237,7 @@ fn dot_row_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r: usize) -> f32
                     let raw = idot(w[e..e + 16].iter().map(|&v| v as i32), &q[e..]);
                     isum += sc[g] as i32 * (raw - 32 * acts.bsums[bi * 16 + g] as i32);
                 }
-                acc += f16_at(sb, 208) * dx * isum as f32;
+                acc += f16_at(sb, q6k::D) * dx * isum as f32;
             }
             _ => {
                 let mut w = [0i8; 32];

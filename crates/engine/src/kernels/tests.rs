@@ -134,7 +134,7 @@ const OWN: [GgmlDType; 6] = [
 #[test]
 fn own_decoding_equals_candle_dequantization() {
     for (ti, &dtype) in OWN.iter().enumerate() {
-        let f = quant::Format::from_ggml(dtype).unwrap();
+        let f = format::Format::from_ggml(dtype).unwrap();
         let (elems, bytes) = f.super_block();
         let cols = elems * 3;
         let data = random_vec(2 * cols, 50 + ti as u64);
@@ -219,7 +219,7 @@ fn q4k_scales_and_mins_unpack_bytewise() {
             s ^= s << 17;
             *b = (s >> 32) as u8;
         }
-        let (sc, m) = quant::q4k_scales_mins(&bytes);
+        let (sc, m) = format::q4k_scales_mins(&bytes);
         for j in 0..8 {
             let (want_sc, want_m) = if j < 4 {
                 (bytes[j] & 63, bytes[j + 4] & 63)
@@ -320,7 +320,7 @@ fn long_rows_match_the_scalar_reference() {
 #[test]
 fn packed_kernels_match_the_natural_layout() {
     for (ti, &dtype) in OWN.iter().enumerate() {
-        let f = quant::Format::from_ggml(dtype).unwrap();
+        let f = format::Format::from_ggml(dtype).unwrap();
         let (rows, cols) = (48, 768);
         let w = random_vec(rows * cols, 400 + ti as u64);
         let bytes = quantize(dtype, &w);
@@ -328,7 +328,7 @@ fn packed_kernels_match_the_natural_layout() {
         let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
         assert!(packed::Packed::new(f, rows - 1, cols, &bytes[..0]).is_none());
         let odd_cols = cols - f.act_block();
-        if odd_cols % packed::Packed::unit_cols(f) != 0 {
+        if odd_cols % f.unit_cols() != 0 {
             let b = quantize(dtype, &w[..rows * odd_cols]);
             assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
         }

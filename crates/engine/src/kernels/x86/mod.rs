@@ -2,6 +2,7 @@
 //! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (float
 //! loops and activation quantization). The callers in `kernels` choose them at run time.
 
+use super::format::Format;
 use std::arch::x86_64::*;
 
 mod attention;
@@ -14,12 +15,13 @@ pub use elementwise::{dot_f32, quantize_block_avx2, softmax_avx2, swiglu_avx2};
 pub use packed::packed_rows;
 pub use products::{dot_rows_avx2, dot_rows_vnni};
 
-pub const Q4_0: u8 = 0;
-pub const Q4_1: u8 = 1;
-pub const Q5_0: u8 = 2;
-pub const Q8_0: u8 = 3;
-pub const Q4K: u8 = 4;
-pub const Q6K: u8 = 5;
+// The formats as the kernels' const parameters (see `Format::from_code`).
+pub const Q4_0: u8 = Format::Q4_0 as u8;
+pub const Q4_1: u8 = Format::Q4_1 as u8;
+pub const Q5_0: u8 = Format::Q5_0 as u8;
+pub const Q8_0: u8 = Format::Q8_0 as u8;
+pub const Q4K: u8 = Format::Q4K as u8;
+pub const Q6K: u8 = Format::Q6K as u8;
 
 /// The sum of the eight lanes.
 #[inline(always)]

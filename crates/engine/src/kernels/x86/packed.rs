@@ -2,6 +2,8 @@
 //! `vpdpbusd` advances sixteen rows' dot products by four products each.
 
 use super::{Q4_0, Q4_1, Q5_0, Q8_0};
+use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
+use crate::kernels::packed::Packed;
 use crate::kernels::quant::QuantizedActs;
 use std::arch::x86_64::*;
 
@@ -98,25 +100,24 @@ unsafe fn packed_q4k<const MR: usize>(
     out: *mut f32,
     stride: usize,
 ) {
-    use crate::kernels::packed::{Q4K_BYTES, Q4K_MINS, Q4K_QS, Q4K_SCALES};
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); MR];
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in 0..nsb {
-        let blk = group.as_ptr().add(s * Q4K_BYTES);
-        let d = f16x16(blk);
-        let dmin = f16x16(blk.add(32));
+        let blk = group.as_ptr().add(s * q4k::PACKED_BYTES);
+        let d = f16x16(blk.add(PACKED_D));
+        let dmin = f16x16(blk.add(q4k::PACKED_DMIN));
         let mut sbacc = [_mm512_setzero_ps(); MR];
         for j in 0..8 {
-            let qs = blk.add(Q4K_QS + 256 * j);
+            let qs = blk.add(q4k::PACKED_QS + 256 * j);
             // The next super-block, spread over this one's eight steps (37 lines).
-            prefetch_lines(blk.wrapping_add(Q4K_BYTES + 320 * j), 5);
+            prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
             let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                blk.add(Q4K_SCALES + 16 * j) as *const __m128i,
+                blk.add(q4k::PACKED_SCALES + 16 * j) as *const __m128i,
             )));
             let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                blk.add(Q4K_MINS + 16 * j) as *const __m128i,
+                blk.add(q4k::PACKED_MINS + 16 * j) as *const __m128i,
             )));
             let mut a = [_mm512_setzero_si512(); MR];
             let mut a2 = [_mm512_setzero_si512(); MR];
@@ -164,22 +165,21 @@ unsafe fn packed_q6k<const MR: usize>(
     out: *mut f32,
     stride: usize,
 ) {
-    use crate::kernels::packed::{Q6K_BYTES, Q6K_QH, Q6K_QL, Q6K_SCALES};
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); MR];
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in 0..nsb {
-        let blk = group.as_ptr().add(s * Q6K_BYTES);
-        let d = f16x16(blk);
+        let blk = group.as_ptr().add(s * q6k::PACKED_BYTES);
+        let d = f16x16(blk.add(PACKED_D));
         let mut sbacc = [_mm512_setzero_ps(); MR];
         for t in 0..16 {
-            let ql = blk.add(Q6K_QL + 128 * t);
+            let ql = blk.add(q6k::PACKED_QL + 128 * t);
             // The next super-block, spread over this one's sixteen steps (53 lines).
-            prefetch_lines(blk.wrapping_add(Q6K_BYTES + 256 * t), 4);
-            let h = _mm512_loadu_si512(blk.add(Q6K_QH + 64 * t) as *const _);
+            prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
+            let h = _mm512_loadu_si512(blk.add(q6k::PACKED_QH + 64 * t) as *const _);
             let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                blk.add(Q6K_SCALES + 16 * t) as *const __m128i,
+                blk.add(q6k::PACKED_SCALES + 16 * t) as *const __m128i,
             )));
             let mut a = [_mm512_setzero_si512(); MR];
             let mut a2 = [_mm512_setzero_si512(); MR];
@@ -241,15 +241,8 @@ unsafe fn packed32<const F: u8, const MR: usize>(
     out: *mut f32,
     stride: usize,
 ) {
-    use crate::kernels::packed::{Packed, Q41_MINS, Q50_HIGH};
-    let format = match F {
-        Q4_0 => crate::kernels::quant::Format::Q4_0,
-        Q4_1 => crate::kernels::quant::Format::Q4_1,
-        Q5_0 => crate::kernels::quant::Format::Q5_0,
-        _ => crate::kernels::quant::Format::Q8_0,
-    };
-    let bytes = Packed::block_bytes(format);
-    let values = Packed::values_at(format);
+    let bytes = const { Format::from_code(F).packed_bytes() };
+    let values = const { Format::from_code(F).packed_values() };
     let lines = bytes / 64;
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); MR];
@@ -264,10 +257,10 @@ unsafe fn packed32<const F: u8, const MR: usize>(
             lines - lines / 2,
         );
         for h in 0..2 {
-            let dw = f16x16(blk.add(32 * h));
+            let dw = f16x16(blk.add(PACKED_D + 32 * h));
             let off = match F {
                 Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
-                Q4_1 => f16x16(blk.add(Q41_MINS + 32 * h)),
+                Q4_1 => f16x16(blk.add(q4_1::PACKED_M + 32 * h)),
                 Q5_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-16.0)),
                 _ => _mm512_setzero_ps(),
             };
@@ -288,7 +281,7 @@ unsafe fn packed32<const F: u8, const MR: usize>(
                 }
             } else {
                 let high = if F == Q5_0 {
-                    _mm512_loadu_si512(blk.add(Q50_HIGH + 64 * h) as *const _)
+                    _mm512_loadu_si512(blk.add(q5_0::PACKED_QH + 64 * h) as *const _)
                 } else {
                     _mm512_setzero_si512()
                 };
@@ -325,14 +318,13 @@ unsafe fn packed32<const F: u8, const MR: usize>(
 
 #[inline(always)]
 unsafe fn packed_tile<const MR: usize>(
-    p: &crate::kernels::packed::Packed,
+    p: &Packed,
     g: usize,
     acts: &QuantizedActs,
     r0: usize,
     out: *mut f32,
     stride: usize,
 ) {
-    use crate::kernels::quant::Format;
     let group = p.group(g);
     let n = p.units();
     match p.format {
@@ -355,7 +347,7 @@ unsafe fn packed_tile<const MR: usize>(
 /// `(m - 1) * stride + 16` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn packed_rows(
-    p: &crate::kernels::packed::Packed,
+    p: &Packed,
     g: usize,
     acts: &QuantizedActs,
     r0: usize,

@@ -7,7 +7,8 @@
 //! does not depend on how many rows share the pass.
 
 use super::{hsum, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
-use crate::kernels::quant::{q4k_scales_mins, QuantizedActs};
+use crate::kernels::format::{q4_0, q4_1, q4k, q4k_scales_mins, q5_0, q6k, q8_0, Format};
+use crate::kernels::quant::QuantizedActs;
 use std::arch::x86_64::*;
 
 #[inline(always)]
@@ -60,16 +61,6 @@ unsafe fn load(p: *const i8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// Bytes per block of a 32-element format.
-const fn block_bytes(f: u8) -> usize {
-    match f {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 34,
-    }
-}
-
 /// 32-element formats: one float scale per block.
 #[inline(always)]
 unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
@@ -79,7 +70,8 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     first_block: usize,
     out: &mut [f32],
 ) {
-    let bytes = block_bytes(F);
+    let bytes = const { Format::from_code(F).super_block().1 };
+    let d_at = const { Format::from_code(F).d_at() };
     let nb = wrow.len() / bytes;
     let mut acc = [_mm256_setzero_ps(); MR];
     let mut macc = [0f32; MR];
@@ -88,12 +80,12 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
         let blk = wrow.get_unchecked(b * bytes..(b + 1) * bytes);
         let p = blk.as_ptr();
         prefetch(p);
-        let d = f16_fast(blk, 0);
+        let d = f16_fast(blk, d_at);
         // Unsigned weights `u` (or |w| for Q8_0) and the offset per unit of activation sum.
         let w = unpack_block::<F>(p);
         let (u, signs, offset) = match F {
             Q4_0 => (w, None, -8.0 * d),
-            Q4_1 => (w, None, f16_fast(blk, 2)),
+            Q4_1 => (w, None, f16_fast(blk, q4_1::M)),
             Q5_0 => (w, None, -16.0 * d),
             _ => (_mm256_sign_epi8(w, w), Some(w), 0.0),
         };
@@ -120,20 +112,20 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
 /// Q4_K: 256-element super-blocks, 6-bit integer scales and mins per 32.
 #[inline(always)]
 unsafe fn tile_q4k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
-    let nsb = wrow.len() / 144;
+    let nsb = wrow.len() / q4k::BYTES;
     let mut acc = [_mm256_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
     let low = _mm256_set1_epi8(0x0F);
     for s in 0..nsb {
-        let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
+        let sb = wrow.get_unchecked(s * q4k::BYTES..(s + 1) * q4k::BYTES);
         prefetch(sb.as_ptr());
         prefetch(sb.as_ptr().add(64));
         prefetch(sb.as_ptr().add(128));
-        let (d, dmin) = (f16_fast(sb, 0), f16_fast(sb, 2));
-        let (sc, m) = q4k_scales_mins(&sb[4..16]);
+        let (d, dmin) = (f16_fast(sb, q4k::D), f16_fast(sb, q4k::DMIN));
+        let (sc, m) = q4k_scales_mins(&sb[q4k::SCALES..q4k::QS]);
         let mut isum = [_mm256_setzero_si256(); MR];
         for p in 0..4 {
-            let q = _mm256_loadu_si256(sb.as_ptr().add(16 + 32 * p) as *const __m256i);
+            let q = _mm256_loadu_si256(sb.as_ptr().add(q4k::QS + 32 * p) as *const __m256i);
             let lo = _mm256_and_si256(q, low);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             let s_lo = _mm256_set1_epi16(sc[2 * p] as i16);
@@ -180,30 +172,31 @@ unsafe fn tile_q4k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
 /// Q6_K: 256-element super-blocks, 6-bit values offset by 32, an 8-bit scale per 16.
 #[inline(always)]
 unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
-    let nsb = wrow.len() / 210;
+    let nsb = wrow.len() / q6k::BYTES;
     let mut acc = [_mm256_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
     let low = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
     for s in 0..nsb {
-        let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
+        let sb = wrow.get_unchecked(s * q6k::BYTES..(s + 1) * q6k::BYTES);
         prefetch(sb.as_ptr());
         prefetch(sb.as_ptr().add(64));
         prefetch(sb.as_ptr().add(128));
         prefetch(sb.as_ptr().add(192));
         let p = sb.as_ptr();
-        let d = f16_fast(sb, 208);
-        let sc = |i: usize| sb[192 + i] as i8 as i16;
+        let d = f16_fast(sb, q6k::D);
+        let sc = |i: usize| sb[q6k::SCALES + i] as i8 as i16;
         let mut isum = [_mm256_setzero_si256(); MR];
         for chunk in 0..8 {
             let (half, quarter) = (chunk / 4, chunk % 4);
-            let ql = _mm256_loadu_si256(p.add(64 * half + 32 * (quarter & 1)) as *const __m256i);
+            let ql = p.add(q6k::QL + 64 * half + 32 * (quarter & 1));
+            let ql = _mm256_loadu_si256(ql as *const __m256i);
             let lo = if quarter < 2 {
                 ql
             } else {
                 _mm256_srli_epi16(ql, 4)
             };
-            let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(q6k::QH + 32 * half) as *const __m256i);
             let h = match quarter {
                 0 => qh,
                 1 => _mm256_srli_epi16(qh, 2),
@@ -274,14 +267,14 @@ unsafe fn unpack_pair<const F: u8>(p: *const u8, bytes: usize) -> (__m512i, __mm
 #[inline(always)]
 unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
     match F {
-        Q4_0 => nibbles_16(p.add(2)),
-        Q4_1 => nibbles_16(p.add(4)),
+        Q4_0 => nibbles_16(p.add(q4_0::QS)),
+        Q4_1 => nibbles_16(p.add(q4_1::QS)),
         Q5_0 => {
-            let qh = u32::from_le_bytes(*(p.add(2) as *const [u8; 4]));
+            let qh = u32::from_le_bytes(*(p.add(q5_0::QH) as *const [u8; 4]));
             let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-            _mm256_or_si256(nibbles_16(p.add(6)), hi)
+            _mm256_or_si256(nibbles_16(p.add(q5_0::QS)), hi)
         }
-        _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
+        _ => _mm256_loadu_si256(p.add(q8_0::QS) as *const __m256i),
     }
 }
 
@@ -308,7 +301,8 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
     r0: usize,
     out: &mut [f32],
 ) {
-    let bytes = block_bytes(F);
+    let bytes = const { Format::from_code(F).super_block().1 };
+    let d_at = const { Format::from_code(F).d_at() };
     let nb = wrow.len() / bytes;
     let mut acc = [_mm512_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
@@ -326,11 +320,11 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
             let p = wrow.as_ptr().add(b * bytes);
             prefetch(p);
             let (u, signs) = unpack_pair::<F>(p, bytes);
-            let wd = spread_f16(p, bytes);
+            let wd = spread_f16(p.add(d_at), bytes);
             // Offset per unit of activation sum, one per block (lanes 0 and 8).
             let off = match F {
                 Q4_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-8.0)),
-                Q4_1 => spread_f16(p.add(2), bytes),
+                Q4_1 => spread_f16(p.add(q4_1::M), bytes),
                 Q5_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-16.0)),
                 _ => _mm512_setzero_ps(),
             };
@@ -415,7 +409,7 @@ unsafe fn tile_q4k_512<const MR: usize>(
     r0: usize,
     out: &mut [f32],
 ) {
-    let nsb = wrow.len() / 144;
+    let nsb = wrow.len() / q4k::BYTES;
     let mut acc = [_mm512_setzero_ps(); MR];
     let mut macc = [_mm256_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
@@ -423,18 +417,18 @@ unsafe fn tile_q4k_512<const MR: usize>(
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 4h + 2j + l / 16.
     let idx = load_index(&Q4K_SCALE_INDEX);
     for s in 0..nsb {
-        let sb = wrow.get_unchecked(s * 144..(s + 1) * 144);
+        let sb = wrow.get_unchecked(s * q4k::BYTES..(s + 1) * q4k::BYTES);
         prefetch(sb.as_ptr());
         prefetch(sb.as_ptr().add(64));
         prefetch(sb.as_ptr().add(128));
-        let (d, dmin) = (f16_fast(sb, 0), f16_fast(sb, 2));
-        let (sc, m) = q4k_scales_mins(&sb[4..16]);
+        let (d, dmin) = (f16_fast(sb, q4k::D), f16_fast(sb, q4k::DMIN));
+        let (sc, m) = q4k_scales_mins(&sb[q4k::SCALES..q4k::QS]);
         let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
             sc.as_ptr() as *const __m128i
         )));
         let mut isum = [_mm512_setzero_si512(); MR];
         for h in 0..2 {
-            let q = _mm512_loadu_si512(sb.as_ptr().add(16 + 64 * h) as *const _);
+            let q = _mm512_loadu_si512(sb.as_ptr().add(q4k::QS + 64 * h) as *const _);
             let lo = _mm512_and_si512(q, low);
             let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
             // Sub-blocks 4h, 4h+1 (elements 128h..128h+64) and 4h+2, 4h+3.
@@ -482,7 +476,7 @@ unsafe fn tile_q6k_512<const MR: usize>(
     r0: usize,
     out: &mut [f32],
 ) {
-    let nsb = wrow.len() / 210;
+    let nsb = wrow.len() / q6k::BYTES;
     let mut acc = [_mm256_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
     let low = _mm512_set1_epi8(0x0F);
@@ -490,19 +484,19 @@ unsafe fn tile_q6k_512<const MR: usize>(
     // Lane l of the scale vector for the j-th 64 weights of half h is scale 8h + 4j + l / 8.
     let idx = load_index(&Q6K_SCALE_INDEX);
     for s in 0..nsb {
-        let sb = wrow.get_unchecked(s * 210..(s + 1) * 210);
+        let sb = wrow.get_unchecked(s * q6k::BYTES..(s + 1) * q6k::BYTES);
         prefetch(sb.as_ptr());
         prefetch(sb.as_ptr().add(64));
         prefetch(sb.as_ptr().add(128));
         prefetch(sb.as_ptr().add(192));
         let p = sb.as_ptr();
-        let d = f16_fast(sb, 208);
-        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let d = f16_fast(sb, q6k::D);
+        let sc8 = _mm_loadu_si128(p.add(q6k::SCALES) as *const __m128i);
         let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
         let mut isum = [_mm512_setzero_si512(); MR];
         for h in 0..2 {
-            let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
-            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let ql = _mm512_loadu_si512(p.add(q6k::QL + 64 * h) as *const _);
+            let qh = _mm256_loadu_si256(p.add(q6k::QH + 32 * h) as *const __m256i);
             let qh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2));
             let u = [
                 _mm512_or_si512(
