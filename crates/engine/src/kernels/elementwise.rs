@@ -81,7 +81,8 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present; the lengths are equal.
-        return unsafe { x86::swiglu_avx2(gate, up) };
+        let done = unsafe { x86::swiglu_avx2(gate, up) };
+        return swiglu_scalar(&mut gate[done..], &up[done..]);
     }
     swiglu_scalar(gate, up)
 }

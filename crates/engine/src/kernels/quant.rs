@@ -6,6 +6,9 @@
 //! whose integer scales are then applied in the integer domain across a whole super-block. Sums of
 //! the activation integers (per 32-block, or per 16 inside a 256-block) carry the formats' offsets
 //! and minimums, so weights are handled as small unsigned integers.
+//!
+//! The activations' quantization, plain and AVX2, lives here with the type every kernel reads, so
+//! that this module needs nothing from `x86` (whose kernels read it).
 
 use super::format::{f16_at, q4k, q4k_scales_mins, q6k, Format};
 
@@ -183,7 +186,7 @@ fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     if isa != super::Isa::Scalar {
         // SAFETY: AVX2 is present whenever `isa` is not Scalar (`Isa::detect`); the block is a
         // multiple of 32 long and `qs` as long as `xs`.
-        return unsafe { super::x86::quantize_block_avx2(xs, qs) };
+        return unsafe { quantize_block_avx2(xs, qs) };
     }
     let _ = isa;
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -191,6 +194,41 @@ fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     for (q, v) in qs.iter_mut().zip(xs) {
         *q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// Quantizes one block of activations to 8 bits: returns the scale `amax / 127` and writes
+/// `round_ties_even(x / scale)` to `qs`, exactly as the plain version does (same product, same
+/// rounding). `xs.len()` is a multiple of 32.
+///
+/// # Safety
+/// The CPU must have AVX2; `qs.len() == xs.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = xs.len();
+    let p = xs.as_ptr();
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    for i in (0..n).step_by(8) {
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs));
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    let d = _mm_cvtss_f32(m) / 127.0;
+    let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in (0..n).step_by(32) {
+        // `cvtps` rounds to nearest even (the default rounding mode).
+        let v = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(i + o)), id));
+        let (a, b, c, e) = (v(0), v(8), v(16), v(24));
+        let w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(i) as *mut __m256i, w);
     }
     d
 }

@@ -1,8 +1,7 @@
-//! The float loops around the products: dot product, softmax and SwiGLU (with a vectorized
-//! exponential), and the 8-bit quantization of activation blocks.
+//! The float loops around the products: dot product, and softmax and SwiGLU with a vectorized
+//! exponential.
 
 use super::hsum;
-use crate::kernels::swiglu_scalar;
 use std::arch::x86_64::*;
 
 /// # Safety
@@ -33,39 +32,6 @@ pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         i += 1;
     }
     s
-}
-
-/// Quantizes one block of activations to 8 bits: returns the scale `amax / 127` and writes
-/// `round_ties_even(x / scale)` to `qs`, exactly as the plain version does (same product, same
-/// rounding). `xs.len()` is a multiple of 32.
-///
-/// # Safety
-/// The CPU must have AVX2; `qs.len() == xs.len()`.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
-    let n = xs.len();
-    let p = xs.as_ptr();
-    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let mut m = _mm256_setzero_ps();
-    for i in (0..n).step_by(8) {
-        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs));
-    }
-    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    let d = _mm_cvtss_f32(m) / 127.0;
-    let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-    // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for i in (0..n).step_by(32) {
-        // `cvtps` rounds to nearest even (the default rounding mode).
-        let v = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(i + o)), id));
-        let (a, b, c, e) = (v(0), v(8), v(16), v(24));
-        let w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
-        let w = _mm256_permutevar8x32_epi32(w, order);
-        _mm256_storeu_si256(qs.as_mut_ptr().add(i) as *mut __m256i, w);
-    }
-    d
 }
 
 /// e^x for eight floats: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to degree
@@ -151,12 +117,13 @@ pub unsafe fn softmax_avx2(x: &mut [f32]) {
     }
 }
 
-/// `kernels::swiglu` with `exp8`: `gate = gate / (1 + e^-gate) * up`.
+/// `kernels::swiglu` with `exp8`: `gate = gate / (1 + e^-gate) * up`, over the whole multiples of
+/// eight at the start; returns how many it did (the caller does the rest).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `up.len() >= gate.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) -> usize {
     let n = gate.len();
     let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
     let one = _mm256_set1_ps(1.0);
@@ -168,5 +135,5 @@ pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
         _mm256_storeu_ps(g.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
         i += 8;
     }
-    swiglu_scalar(&mut gate[i..], &up[i..n]);
+    i
 }

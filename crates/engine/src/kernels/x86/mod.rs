@@ -11,7 +11,7 @@ mod packed;
 mod products;
 
 pub use attention::{attend_avx2, attend_rows_avx512};
-pub use elementwise::{dot_f32, quantize_block_avx2, softmax_avx2, swiglu_avx2};
+pub use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub use packed::packed_rows;
 pub use products::{dot_rows_avx2, dot_rows_vnni};
 
