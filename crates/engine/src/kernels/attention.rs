@@ -2,7 +2,7 @@
 //! transposed): the plain loops, AVX2 for one row, AVX-512 for several rows at once.
 
 use super::elementwise::{axpy_scalar, softmax};
-use super::isa::{isa, Isa};
+use super::isa::{assert_available, isa, Isa};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
 
@@ -52,6 +52,7 @@ pub fn attend_with(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    assert_available(isa);
     let KvHead { hd, len, .. } = kv;
     kv.check();
     let group = q.len() / hd;
@@ -61,8 +62,8 @@ pub fn attend_with(
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512Vnni && hd % 16 == 0 {
-            // SAFETY: AVX-512 F, AVX2 and FMA are present (`Isa::detect`), hd is a multiple of
-            // 16; every key and value read lies inside the checked span; one row.
+            // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
+            // multiple of 16; every key and value read lies inside the checked span; one row.
             return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, scores, out) };
         }
         if isa != Isa::Scalar && hd % 8 == 0 {
@@ -90,6 +91,7 @@ pub fn attend_rows(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    assert_available(isa);
     let KvHead { hd, len, .. } = kv;
     assert!(rows > 0 && rows <= len && out.len() % rows == 0);
     let gw = out.len() / rows;
@@ -99,9 +101,9 @@ pub fn attend_rows(
         kv.check();
         scores.clear();
         scores.resize(rows * (gw / hd) * len, 0.0);
-        // SAFETY: AVX-512 F, AVX2 and FMA are present (`Isa::detect`), hd is a multiple of 16;
-        // keys and values lie inside the checked span, queries inside `q`, scores and outputs
-        // are sized above.
+        // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a multiple
+        // of 16; keys and values lie inside the checked span, queries inside `q`, scores and
+        // outputs are sized above.
         return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, scores, out) };
     }
     for (r, o) in out.chunks_mut(gw).enumerate() {

@@ -11,7 +11,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2 and FMA are present (checked by `isa`), lengths are equal.
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`); the lengths are equal.
         return unsafe { x86::dot_f32(a, b) };
     }
     dot_scalar(a, b)
@@ -55,7 +55,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 pub fn softmax(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2 and FMA are present.
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`).
         return unsafe { x86::softmax_avx2(x) };
     }
     softmax_scalar(x)
@@ -80,7 +80,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2 and FMA are present; the lengths are equal.
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`); the lengths are equal.
         let done = unsafe { x86::swiglu_avx2(gate, up) };
         return swiglu_scalar(&mut gate[done..], &up[done..]);
     }

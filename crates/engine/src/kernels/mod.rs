@@ -25,7 +25,7 @@ mod parallel;
 pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
-pub mod x86;
+mod x86;
 
 pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead};
 pub use bandwidth::read_bandwidth;
@@ -37,7 +37,9 @@ pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub use parallel::{par_chunks_mut, par_split_mut};
 
 use format::Format;
+use isa::assert_available;
 use matrix::{blocks, dispatch};
+use packed::Packed;
 use parallel::OutPtr;
 use quant::QuantizedActs;
 
@@ -69,7 +71,9 @@ thread_local! {
     static ACTS: std::cell::RefCell<[QuantizedActs; 2]> = Default::default();
 }
 
+/// `matmul_many` with a chosen implementation (panics if the CPU cannot run it).
 pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
+    assert_available(isa);
     if m == 0 {
         return;
     }
@@ -78,7 +82,16 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         assert_eq!(x.len(), m * w.cols, "activation shape");
         assert_eq!(out.len(), m * w.rows, "output shape");
         match Format::from_ggml(w.dtype) {
-            Some(f) if w.cols % f.act_block() == 0 => own.push((f, &**w, OutPtr(out.as_mut_ptr()))),
+            Some(f) if w.cols % f.act_block() == 0 => {
+                if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
+                    // The packed kernel reads the activations over the packed copy's columns.
+                    assert!(
+                        p.format == f && p.rows == w.rows && p.cols == w.cols,
+                        "packed copy of another matrix"
+                    );
+                }
+                own.push((f, &**w, OutPtr(out.as_mut_ptr())))
+            }
             _ => dispatch!(w.dtype, T => matmul_typed::<T>(x, m, w, out)),
         }
     }
@@ -137,10 +150,10 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                     let rows = block.min(m - r0);
                     for g in j0 / packed::ROWS..j1 / packed::ROWS {
                         let at = r0 * w.rows + g * packed::ROWS;
-                        // SAFETY: the CPU has AVX-512 VNNI (`isa`); `a` holds the m rows
-                        // quantized in the format's blocks; the writes, rows r0..r0 + rows at
-                        // columns 16g..16g + 16, stay inside `out` (m * n) and belong to this
-                        // work item alone.
+                        // SAFETY: the CPU has AVX-512 VNNI (the `isa` asserted above); `a` holds
+                        // the m rows quantized over w.cols = p.cols columns in the format's
+                        // blocks; the writes, rows r0..r0 + rows at columns 16g..16g + 16, stay
+                        // inside `out` (m * n) and belong to this work item alone.
                         unsafe { x86::packed_rows(p, g, a, r0, rows, out_ptr.0.add(at), w.rows) };
                     }
                 }
@@ -182,8 +195,8 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
         use x86::*;
         macro_rules! call {
             ($code:expr) => {
-                // SAFETY: `isa` is only Avx2 / Avx512Vnni when the CPU has those features
-                // (`Isa::detect`), and `acts` holds rows r0..r0 + out.len() of whole blocks.
+                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`), and `acts`
+                // holds rows r0..r0 + out.len() of whole blocks over the row's columns.
                 unsafe {
                     if isa == Isa::Avx512Vnni {
                         dot_rows_vnni::<{ $code }>(wrow, acts, r0, out)
@@ -205,6 +218,41 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
     }
     let _ = isa;
     quant::dot_rows_scalar(f, wrow, acts, r0, out)
+}
+
+/// The packed kernel alone (for timing it): weight rows `16g..16g + 16` of the packed matrix `p`
+/// against activation rows `r0..r0 + m` of `acts`, quantized over `p.cols` columns in the
+/// format's activation blocks; row `r0 + r`'s sixteen results go to `out[r * stride..][..16]`.
+/// Panics unless the CPU has AVX-512 VNNI and the shapes agree.
+pub fn packed_rows(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert_available(Isa::Avx512Vnni);
+    assert!(g < p.rows / packed::ROWS, "no group {g}");
+    assert!(
+        acts.k == p.cols && acts.block == p.format.act_block() && m <= acts.rows.saturating_sub(r0),
+        "activations of another shape"
+    );
+    let last_end = (m.max(1) - 1)
+        .checked_mul(stride)
+        .and_then(|at| at.checked_add(packed::ROWS));
+    assert!(
+        m == 0 || last_end.is_some_and(|end| end <= out.len()),
+        "output too short"
+    );
+    // SAFETY: the CPU has AVX-512 VNNI (asserted); `acts` holds rows r0..r0 + m over the packed
+    // columns in the format's blocks; every write, 16 floats at r * stride for r < m, is inside
+    // `out` (checked above).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        x86::packed_rows(p, g, acts, r0, m, out.as_mut_ptr(), stride)
+    };
 }
 
 fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {

@@ -12,26 +12,27 @@
 
 use super::format::{f16_at, q4k, q4k_scales_mins, q6k, Format};
 
-/// Activation rows quantized to 8 bits per block of `block` values.
+/// Activation rows quantized to 8 bits per block of `block` values. Only `quantize` fills it: the
+/// SIMD kernels read it without bounds checks, trusting the lengths `quantize` gives.
 #[derive(Default, Clone)]
 pub struct QuantizedActs {
-    pub rows: usize,
-    pub k: usize,
-    pub block: usize,
-    pub q: Vec<i8>,
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    pub(crate) block: usize,
+    pub(crate) q: Vec<i8>,
     /// Scale of each block.
-    pub d: Vec<f32>,
+    pub(crate) d: Vec<f32>,
     /// Per 32 elements: the block's scale times the sum of those 32 integers.
-    pub ds: Vec<f32>,
+    pub(crate) ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
-    pub bsums: Vec<i16>,
+    pub(crate) bsums: Vec<i16>,
     /// The same sums times 32, as i32 (Q6_K's offset, broadcast by the packed kernel).
-    pub bsums_x32: Vec<i32>,
+    pub(crate) bsums_x32: Vec<i32>,
     /// Per 32 elements: the sum of those 32 integers.
-    pub isums: Vec<i32>,
+    pub(crate) isums: Vec<i32>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
-    pub spread_d: Vec<f32>,
+    pub(crate) spread_d: Vec<f32>,
 }
 
 impl QuantizedActs {
@@ -49,6 +50,7 @@ impl QuantizedActs {
         k: usize,
         block: usize,
     ) {
+        super::isa::assert_available(isa);
         debug_assert_eq!(k % block, 0);
         self.rows = rows;
         self.k = k;
@@ -184,8 +186,8 @@ impl<'a> Blocks<'a> {
 fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa != super::Isa::Scalar {
-        // SAFETY: AVX2 is present whenever `isa` is not Scalar (`Isa::detect`); the block is a
-        // multiple of 32 long and `qs` as long as `xs`.
+        // SAFETY: the CPU has AVX2 whenever `isa` is not Scalar (`quantize_with` asserted that it
+        // can run `isa`); the block is a multiple of 32 long and `qs` as long as `xs`.
         return unsafe { quantize_block_avx2(xs, qs) };
     }
     let _ = isa;

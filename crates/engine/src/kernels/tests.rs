@@ -545,3 +545,37 @@ fn attention_over_rows_equals_each_row_alone() {
         }
     }
 }
+
+/// An implementation the CPU lacks is refused before any of its instructions run (where there is
+/// one to try).
+#[test]
+fn an_isa_the_cpu_lacks_is_refused() {
+    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx2]
+        .iter()
+        .find(|i| !i.is_available())
+    else {
+        return;
+    };
+    let mat = QMatrix::new(
+        GgmlDType::Q4K,
+        16,
+        256,
+        Bytes::owned(&quantize(GgmlDType::Q4K, &random_vec(16 * 256, 1))),
+    )
+    .unwrap();
+    let x = random_vec(256, 2);
+    let product = std::panic::catch_unwind(|| matmul_with(lacking, &x, 1, &mat, &mut [0f32; 16]));
+    assert!(product.is_err(), "{lacking:?} product ran");
+    let kv = KvHead {
+        keys: &x,
+        values: &x,
+        key_stride: 16,
+        value_stride: 16,
+        hd: 16,
+        len: 16,
+    };
+    let attention = std::panic::catch_unwind(|| {
+        attend_with(lacking, &x[..16], kv, 1.0, &mut Vec::new(), &mut [0f32; 16])
+    });
+    assert!(attention.is_err(), "{lacking:?} attention ran");
+}

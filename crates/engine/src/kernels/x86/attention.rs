@@ -36,7 +36,7 @@ unsafe fn scores_avx2<const V: usize>(
 /// # Safety
 /// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the bounds are those `kernels::attend` checks.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn attend_avx2(
+pub(crate) unsafe fn attend_avx2(
     q: &[f32],
     kv: KvHead<'_>,
     scale: f32,
@@ -223,7 +223,7 @@ unsafe fn values_tiles<const W: usize>(
 /// The CPU must have AVX-512 F (and AVX2, FMA); `hd % 16 == 0`; the bounds are those
 /// `kernels::attend_rows` checks.
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-pub unsafe fn attend_rows_avx512(
+pub(crate) unsafe fn attend_rows_avx512(
     q: &[f32],
     q_stride: usize,
     rows: usize,

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 /// # Safety
 /// The CPU must have AVX2 and FMA; `a` and `b` have the same length.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut acc0 = _mm256_setzero_ps();
@@ -66,7 +66,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn softmax_avx2(x: &mut [f32]) {
+pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
     let n = x.len();
     let p = x.as_mut_ptr();
     // The maximum, in four independent lanes of vectors (the order does not change a maximum).
@@ -123,7 +123,7 @@ pub unsafe fn softmax_avx2(x: &mut [f32]) {
 /// # Safety
 /// The CPU must have AVX2 and FMA; `up.len() >= gate.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) -> usize {
+pub(crate) unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) -> usize {
     let n = gate.len();
     let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
     let one = _mm256_set1_ps(1.0);

@@ -10,18 +10,18 @@ mod elementwise;
 mod packed;
 mod products;
 
-pub use attention::{attend_avx2, attend_rows_avx512};
-pub use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
-pub use packed::packed_rows;
-pub use products::{dot_rows_avx2, dot_rows_vnni};
+pub(crate) use attention::{attend_avx2, attend_rows_avx512};
+pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
+pub(crate) use packed::packed_rows;
+pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
 
 // The formats as the kernels' const parameters (see `Format::from_code`).
-pub const Q4_0: u8 = Format::Q4_0 as u8;
-pub const Q4_1: u8 = Format::Q4_1 as u8;
-pub const Q5_0: u8 = Format::Q5_0 as u8;
-pub const Q8_0: u8 = Format::Q8_0 as u8;
-pub const Q4K: u8 = Format::Q4K as u8;
-pub const Q6K: u8 = Format::Q6K as u8;
+pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;
+pub(crate) const Q4_1: u8 = Format::Q4_1 as u8;
+pub(crate) const Q5_0: u8 = Format::Q5_0 as u8;
+pub(crate) const Q8_0: u8 = Format::Q8_0 as u8;
+pub(crate) const Q4K: u8 = Format::Q4K as u8;
+pub(crate) const Q6K: u8 = Format::Q6K as u8;
 
 /// The sum of the eight lanes.
 #[inline(always)]

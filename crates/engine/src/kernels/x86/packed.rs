@@ -346,7 +346,7 @@ unsafe fn packed_tile<const MR: usize>(
 /// `r0..r0 + m` quantized over `p.cols` columns in the blocks the format wants; `out` is valid for writes of
 /// `(m - 1) * stride + 16` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub unsafe fn packed_rows(
+pub(crate) unsafe fn packed_rows(
     p: &Packed,
     g: usize,
     acts: &QuantizedActs,

@@ -561,7 +561,7 @@ unsafe fn tile<const F: u8, const MR: usize, const VNNI: bool>(
 /// The CPU must have AVX2, FMA and F16C; `acts` must hold rows `r0..r0 + out.len()` quantized in
 /// the blocks format `F` wants, and `wrow` one weight row of the same length.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_rows_avx2<const F: u8>(
+pub(crate) unsafe fn dot_rows_avx2<const F: u8>(
     wrow: &[u8],
     acts: &QuantizedActs,
     r0: usize,
@@ -585,7 +585,7 @@ pub unsafe fn dot_rows_avx2<const F: u8>(
 /// # Safety
 /// As `dot_rows_avx2`, and the CPU must have AVX-512 F, VL, BW and VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub unsafe fn dot_rows_vnni<const F: u8>(
+pub(crate) unsafe fn dot_rows_vnni<const F: u8>(
     wrow: &[u8],
     acts: &QuantizedActs,
     r0: usize,
