@@ -110,13 +110,17 @@ impl Bytes {
     /// faults them back in from the file. Owned bytes are left alone.
     pub fn release_pages(&self) {
         if let Bytes::Mapped { map, start, len } = self {
+            // Panics unless the window lies inside the map: dropping pages outside it would drop
+            // memory that is not the model file's.
+            self.as_slice();
             const PAGE: usize = 4096;
             let first = start.next_multiple_of(PAGE);
             let end = (start + len) / PAGE * PAGE;
             if end > first {
                 // SAFETY: the map is a read-only private mapping of the model file that nothing
                 // writes; MADV_DONTNEED only drops its resident pages, and the next read of them
-                // gets the same bytes from the file. The range is page-aligned and inside the map.
+                // gets the same bytes from the file. The range is page-aligned and inside the
+                // window, which is inside the map (checked above).
                 // A failure only means the pages stay resident.
                 let _ = unsafe {
                     map.unchecked_advise_range(
@@ -133,8 +137,11 @@ impl Bytes {
         match self {
             Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
             Bytes::Owned { words, len } => {
-                // SAFETY: a u32 buffer viewed as bytes; `len` never exceeds 4 * words.len().
-                unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, *len) }
+                // SAFETY: the whole u32 buffer viewed as its bytes (any bytes are valid u8s).
+                let all = unsafe {
+                    std::slice::from_raw_parts(words.as_ptr() as *const u8, 4 * words.len())
+                };
+                &all[..*len]
             }
         }
     }

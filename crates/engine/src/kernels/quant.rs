@@ -51,7 +51,11 @@ impl QuantizedActs {
         block: usize,
     ) {
         super::isa::assert_available(isa);
-        debug_assert_eq!(k % block, 0);
+        // Whole blocks of whole 32s: the block quantizers write 32 values at a time.
+        assert!(
+            block > 0 && block % 32 == 0 && k % block == 0,
+            "blocks of {block} in {k}"
+        );
         self.rows = rows;
         self.k = k;
         self.block = block;
