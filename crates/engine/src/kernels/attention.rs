@@ -91,9 +91,9 @@ pub fn attend_rows(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    assert_available(isa);
     let KvHead { hd, len, .. } = kv;
     assert!(rows > 0 && rows <= len && out.len() % rows == 0);
+    assert_available(isa);
     let gw = out.len() / rows;
     assert!(hd > 0 && gw % hd == 0 && (rows - 1) * q_stride + gw <= q.len());
     #[cfg(target_arch = "x86_64")]

@@ -107,6 +107,20 @@ pub mod q6k {
     pub const PACKED_QH: usize = 2368;
 }
 
+/// The constant `$name` of the module of `$format`.
+macro_rules! of_format {
+    ($format:expr, $name:ident) => {
+        match $format {
+            Format::Q4_0 => q4_0::$name,
+            Format::Q4_1 => q4_1::$name,
+            Format::Q5_0 => q5_0::$name,
+            Format::Q8_0 => q8_0::$name,
+            Format::Q4K => q4k::$name,
+            Format::Q6K => q6k::$name,
+        }
+    };
+}
+
 /// The weight formats with our own kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -151,26 +165,12 @@ impl Format {
 
     /// (elements, bytes) of one super-block.
     pub const fn super_block(self) -> (usize, usize) {
-        match self {
-            Format::Q4_0 => (q4_0::ELEMS, q4_0::BYTES),
-            Format::Q4_1 => (q4_1::ELEMS, q4_1::BYTES),
-            Format::Q5_0 => (q5_0::ELEMS, q5_0::BYTES),
-            Format::Q8_0 => (q8_0::ELEMS, q8_0::BYTES),
-            Format::Q4K => (q4k::ELEMS, q4k::BYTES),
-            Format::Q6K => (q6k::ELEMS, q6k::BYTES),
-        }
+        (of_format!(self, ELEMS), of_format!(self, BYTES))
     }
 
     /// Where a block keeps its f16 scale `d`.
     pub const fn d_at(self) -> usize {
-        match self {
-            Format::Q4_0 => q4_0::D,
-            Format::Q4_1 => q4_1::D,
-            Format::Q5_0 => q5_0::D,
-            Format::Q8_0 => q8_0::D,
-            Format::Q4K => q4k::D,
-            Format::Q6K => q6k::D,
-        }
+        of_format!(self, D)
     }
 
     /// The activation block size the format's kernel wants.
@@ -180,21 +180,14 @@ impl Format {
 
     /// Bytes of one packed unit of 16 rows.
     pub const fn packed_bytes(self) -> usize {
-        match self {
-            Format::Q4_0 => q4_0::PACKED_BYTES,
-            Format::Q4_1 => q4_1::PACKED_BYTES,
-            Format::Q5_0 => q5_0::PACKED_BYTES,
-            Format::Q8_0 => q8_0::PACKED_BYTES,
-            Format::Q4K => q4k::PACKED_BYTES,
-            Format::Q6K => q6k::PACKED_BYTES,
-        }
+        of_format!(self, PACKED_BYTES)
     }
 
     /// Columns per packed unit: a super-block, or two 32-element blocks.
     pub const fn unit_cols(self) -> usize {
         match self {
-            Format::Q4K | Format::Q6K => 256,
-            _ => 64,
+            Format::Q4K | Format::Q6K => self.super_block().0,
+            _ => 2 * self.super_block().0,
         }
     }
 
