@@ -1,8 +1,5 @@
 //! Compute kernels of the forward pass: quantized matrix products for few activation rows, and the
-//! small float loops (dot, axpy, RMSNorm, softmax, SiLU) the decoder layer is built from.
-//!
-//! This module is the one place where `unsafe` lives in the engine: reinterpreting the GGUF bytes as
-//! quantized blocks and letting worker threads write disjoint output columns.
+//! float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU, attention).
 //!
 //! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) have our own kernels
 //! (`quant` in plain Rust, `x86` with AVX2 or AVX-512 VNNI chosen at run time): activations are
@@ -11,6 +8,27 @@
 //! Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output element's value
 //! does not depend on how many rows share the pass, so plain and speculative decoding produce
 //! bit-identical logits.
+//!
+//! `format` describes each of our formats once; `quant` quantizes activations and has the plain
+//! products; `packed` interleaves weights for the AVX-512 kernels; `x86` has the SIMD kernels by
+//! family; this file, `attention` and `elementwise` choose among them. Imports go that way only,
+//! except that x86's attention kernels take `KvHead` and call `softmax` from above.
+//!
+//! # Where `unsafe` lives
+//!
+//! Everything public here is safe to call with any arguments; a wrong shape or an implementation
+//! the CPU lacks panics. Inside:
+//! - SIMD intrinsics: every function in `x86/`, and the AVX2 activation quantizer in `quant.rs`,
+//!   is `unsafe` because it is compiled for instructions the CPU may not have and reads through
+//!   raw pointers unchecked (each says what it needs under `# Safety`). Their callers (this file,
+//!   `attention.rs`, `elementwise.rs`, `quant.rs`) make sure of it: the entry points that take an
+//!   `Isa` assert that the CPU runs it (`isa::assert_available`), the float loops ask `has_avx2`,
+//!   and both check the shapes the kernel reads.
+//! - Raw output pointers for parallel writers: `parallel.rs` hands disjoint pieces of one buffer
+//!   to the pool's threads, and the products in this file write their own columns of a shared
+//!   output; `pool.rs` lends a job's closure to the workers for no longer than `run` lasts.
+//! - Memory: `matrix.rs` views owned words and GGUF bytes as blocks in place and drops the mapped
+//!   pages of packed matrices (`madvise`). Outside the kernels, `gguf.rs` maps the model file.
 
 use candle_core::quantized::k_quants::GgmlType;
 

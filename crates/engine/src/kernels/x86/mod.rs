@@ -1,6 +1,7 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
-//! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (float
-//! loops and activation quantization). The callers in `kernels` choose them at run time.
+//! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (dot,
+//! softmax, SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
+//! `#[target_feature]` names, which their callers in `kernels` check first.
 
 use super::format::Format;
 use std::arch::x86_64::*;
