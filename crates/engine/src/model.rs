@@ -62,7 +62,11 @@ impl Config {
         let n_kv_head = file
             .get_u64_opt(&key("attention.head_count_kv"))
             .unwrap_or(n_head as u64) as usize;
-        if n_head == 0 || n_kv_head == 0 || d_model % n_head != 0 || n_head % n_kv_head != 0 {
+        if n_head == 0
+            || n_kv_head == 0
+            || !d_model.is_multiple_of(n_head)
+            || !n_head.is_multiple_of(n_kv_head)
+        {
             return Err(EngineError::BadMetadata(format!(
                 "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads, width {d_model}"
             )));
@@ -73,7 +77,7 @@ impl Config {
         let rope_dims = file
             .get_u64_opt(&key("rope.dimension_count"))
             .unwrap_or(head_dim as u64) as usize;
-        if rope_dims > head_dim || rope_dims % 2 != 0 {
+        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
             return Err(EngineError::BadMetadata(format!(
                 "rope dimension count {rope_dims} does not fit head size {head_dim}"
             )));

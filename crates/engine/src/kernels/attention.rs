@@ -92,10 +92,10 @@ pub fn attend_rows(
     out: &mut [f32],
 ) {
     let KvHead { hd, len, .. } = kv;
-    assert!(rows > 0 && rows <= len && out.len() % rows == 0);
+    assert!(rows > 0 && rows <= len && out.len().is_multiple_of(rows));
     assert_available(isa);
     let gw = out.len() / rows;
-    assert!(hd > 0 && gw % hd == 0 && (rows - 1) * q_stride + gw <= q.len());
+    assert!(hd > 0 && gw.is_multiple_of(hd) && (rows - 1) * q_stride + gw <= q.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni && hd % 16 == 0 {
         kv.check();

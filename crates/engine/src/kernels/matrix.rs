@@ -172,7 +172,7 @@ impl QMatrix {
             return Err(format!("tensor type {dtype:?} is not supported"));
         }
         let bs = dtype.block_size();
-        if cols % bs != 0 {
+        if !cols.is_multiple_of(bs) {
             return Err(format!(
                 "row length {cols} is not a multiple of the {dtype:?} block size {bs}"
             ));
@@ -185,7 +185,7 @@ impl QMatrix {
                 slice.len()
             ));
         }
-        if (slice.as_ptr() as usize) % 4 != 0 {
+        if !(slice.as_ptr() as usize).is_multiple_of(4) {
             return Err("tensor data is not 4-byte aligned".into());
         }
         Ok(QMatrix {
@@ -232,8 +232,8 @@ impl QMatrix {
 /// Views `bytes` as blocks of `T`. Callers pass bytes checked by `QMatrix::new`.
 pub(super) fn blocks<T: GgmlType>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0);
-    assert!((bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0);
+    assert!(bytes.len().is_multiple_of(size));
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()));
     // SAFETY: the block types are plain `repr(C)` data (integers and f16) for which every bit
     // pattern is valid; length and alignment are checked above; the lifetime is that of `bytes`.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
@@ -251,7 +251,7 @@ pub fn quantize(dtype: GgmlDType, data: &[f32]) -> Vec<u8> {
 }
 
 fn quantize_typed<T: GgmlType>(data: &[f32]) -> Vec<u8> {
-    assert!(data.len() % T::BLCK_SIZE == 0);
+    assert!(data.len().is_multiple_of(T::BLCK_SIZE));
     let mut q = vec![T::zeros(); data.len() / T::BLCK_SIZE];
     T::from_float(data, &mut q);
     let size = std::mem::size_of::<T>() * q.len();

@@ -172,7 +172,9 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                         // the m rows quantized over w.cols = p.cols columns in the format's
                         // blocks; the writes, rows r0..r0 + rows at columns 16g..16g + 16, stay
                         // inside `out` (m * n) and belong to this work item alone.
-                        unsafe { x86::packed_rows(p, g, a, r0, rows, out_ptr.0.add(at), w.rows) };
+                        unsafe {
+                            x86::packed_rows(p, g, a, r0, rows, out_ptr.get().add(at), w.rows)
+                        };
                     }
                 }
                 return;
@@ -196,7 +198,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                     for (i, v) in tmp[..g].iter().enumerate() {
                         // SAFETY: g0 + i < m and j < n; rows j0..j1 of this matrix belong to
                         // this work item alone, and the output outlives the loop.
-                        unsafe { *out_ptr.0.add((g0 + i) * n + j) = *v };
+                        unsafe { *out_ptr.get().add((g0 + i) * n + j) = *v };
                     }
                 }
             }
@@ -289,7 +291,6 @@ fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) 
     let chunk = n.div_ceil(pool.threads() * 8).clamp(16, 1024);
     let xq = &xq;
     pool.run(n.div_ceil(chunk), &move |c| {
-        let out_ptr = out_ptr;
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(n);
         for j in j0..j1 {
@@ -298,7 +299,7 @@ fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) 
                 let v = T::vec_dot(k, wrow, &xq[i * kb..(i + 1) * kb]);
                 // SAFETY: i < m and j < n, so the index is inside `out` (m * n elements); column j
                 // belongs to this chunk alone.
-                unsafe { *out_ptr.0.add(i * n + j) = v };
+                unsafe { *out_ptr.get().add(i * n + j) = v };
             }
         }
     });

@@ -147,7 +147,7 @@ fn worker(s: &Shared) {
             }
             std::hint::spin_loop();
             spins += 1;
-            if spins % 256 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && start.elapsed() > SPIN {
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 while s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {

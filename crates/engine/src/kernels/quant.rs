@@ -53,7 +53,7 @@ impl QuantizedActs {
         super::isa::assert_available(isa);
         // Whole blocks of whole 32s: the block quantizers write 32 values at a time.
         assert!(
-            block > 0 && block % 32 == 0 && k % block == 0,
+            block > 0 && block.is_multiple_of(32) && k.is_multiple_of(block),
             "blocks of {block} in {k}"
         );
         self.rows = rows;
@@ -276,10 +276,10 @@ fn dot_row_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r: usize) -> f32
                 let mut w = [0u8; 256];
                 let sc = Format::decode_q6k(sb, &mut w);
                 let mut isum = 0i32;
-                for g in 0..16 {
+                for (g, &s) in sc.iter().enumerate() {
                     let e = g * 16;
                     let raw = idot(w[e..e + 16].iter().map(|&v| v as i32), &q[e..]);
-                    isum += sc[g] as i32 * (raw - 32 * acts.bsums[bi * 16 + g] as i32);
+                    isum += s as i32 * (raw - 32 * acts.bsums[bi * 16 + g] as i32);
                 }
                 acc += f16_at(sb, q6k::D) * dx * isum as f32;
             }

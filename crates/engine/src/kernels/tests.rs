@@ -328,7 +328,7 @@ fn packed_kernels_match_the_natural_layout() {
         let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
         assert!(packed::Packed::new(f, rows - 1, cols, &bytes[..0]).is_none());
         let odd_cols = cols - f.act_block();
-        if odd_cols % f.unit_cols() != 0 {
+        if !odd_cols.is_multiple_of(f.unit_cols()) {
             let b = quantize(dtype, &w[..rows * odd_cols]);
             assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
         }

@@ -1,6 +1,10 @@
 //! Attention of query heads over one key/value head: AVX2 for one row, AVX-512 for several
 //! consecutive rows of a sequence at once.
 
+// The tiles address several arrays and pointers by row (or column) index. They keep their index
+// loops: iterator forms change the code generated for these kernels.
+#![allow(clippy::needless_range_loop)]
+
 use crate::kernels::{softmax, KvHead};
 use std::arch::x86_64::*;
 

@@ -1,6 +1,10 @@
 //! AVX-512 VNNI products over weights in the interleaved layout of `kernels::packed`: one
 //! `vpdpbusd` advances sixteen rows' dot products by four products each.
 
+// The tiles address several arrays and pointers by row (or column) index. They keep their index
+// loops: iterator forms change the code generated for these kernels.
+#![allow(clippy::needless_range_loop)]
+
 use super::{Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::Packed;

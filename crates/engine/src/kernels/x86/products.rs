@@ -6,6 +6,10 @@
 //! exactly the same operations in the same order whatever tile it is computed in, so a row's result
 //! does not depend on how many rows share the pass.
 
+// The tiles address several arrays and pointers by row (or column) index. They keep their index
+// loops: iterator forms change the code generated for these kernels.
+#![allow(clippy::needless_range_loop)]
+
 use super::{hsum, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
 use crate::kernels::format::{q4_0, q4_1, q4k, q4k_scales_mins, q5_0, q6k, q8_0, Format};
 use crate::kernels::quant::QuantizedActs;
