@@ -51,9 +51,7 @@ fn main() {
             .iter()
             .map(|&i| (i, &mat))
             .chain(
-                packed
-                    .packed
-                    .is_some()
+                (packed.packed.is_some() && Isa::Avx512Vnni.is_available())
                     .then_some((Isa::Avx512Vnni, &packed)),
             )
             .collect();

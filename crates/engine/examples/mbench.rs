@@ -18,7 +18,9 @@ fn main() {
         "token_embd.weight",
     ];
     for name in names {
-        let Ok(w) = f.matrix(name) else { continue };
+        let Ok(w) = engine::weights::matrix(&f, name) else {
+            continue;
+        };
         let bytes = w.bytes.as_slice().len();
         for m in [1usize, 8] {
             let x = vec![0.1f32; m * w.cols];

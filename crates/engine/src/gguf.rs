@@ -1,12 +1,23 @@
 //! Opening a GGUF file: candle parses the header and metadata, the tensor data is memory-mapped and
 //! viewed in place (no copy of the weights), and every way a file can be wrong becomes a message.
+//! Tensors come out as views (type, shape, bytes); `weights` makes the model's matrices of them.
 
 use crate::error::{EngineError, Result};
-use crate::kernels::{Bytes, QMatrix};
+use crate::kernels::Bytes;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// One tensor of the file, in place.
+pub struct TensorView<'a> {
+    pub name: &'a str,
+    pub dtype: GgmlDType,
+    /// As candle reads them: a matrix's rows, then its columns.
+    pub dims: &'a [usize],
+    /// A window into the mapped file (`open` checked that it lies inside).
+    pub bytes: Bytes,
+}
 
 pub struct GgufFile {
     pub path: PathBuf,
@@ -121,54 +132,25 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// A 2-D weight (`rows` outputs by `cols` inputs), viewed in the mapped file.
-    pub fn matrix(&self, name: &str) -> Result<QMatrix> {
-        let info = self
+    /// The tensor `name`, viewed in the mapped file.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let (name, info) = self
             .content
             .tensor_infos
-            .get(name)
+            .get_key_value(name)
             .ok_or_else(|| EngineError::BadMetadata(format!("missing tensor '{name}'")))?;
-        let dims = info.shape.dims();
-        let (rows, cols) = match dims {
-            [r, c] => (*r, *c),
-            [c] => (1, *c),
-            _ => {
-                return Err(EngineError::BadMetadata(format!(
-                    "tensor '{name}' has shape {dims:?}, expected a matrix"
-                )))
-            }
-        };
-        if !crate::kernels::is_supported(info.ggml_dtype) {
-            return Err(EngineError::UnsupportedTensorType {
-                name: name.into(),
-                dtype: format!("{:?}", info.ggml_dtype),
-            });
-        }
-        let start = (self.content.tensor_data_offset + info.offset) as usize;
-        let len = rows * cols / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let dtype = info.ggml_dtype;
         let bytes = Bytes::Mapped {
             map: self.map.clone(),
-            start,
-            len,
+            start: (self.content.tensor_data_offset + info.offset) as usize,
+            len: info.shape.elem_count() / dtype.block_size() * dtype.type_size(),
         };
-        QMatrix::new(info.ggml_dtype, rows, cols, bytes).map_err(|reason| {
-            EngineError::BadModelFile {
-                path: self.path.clone(),
-                reason: format!("tensor '{name}': {reason}"),
-            }
+        Ok(TensorView {
+            name,
+            dtype,
+            dims: info.shape.dims(),
+            bytes,
         })
-    }
-
-    /// A 1-D tensor (norm weights, biases) as f32 values.
-    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let m = self.matrix(name)?;
-        if m.rows * m.cols != len {
-            return Err(EngineError::BadMetadata(format!(
-                "tensor '{name}' has {} elements, expected {len}",
-                m.rows * m.cols
-            )));
-        }
-        Ok(m.dequantize())
     }
 
     pub fn tensor_dtype(&self, name: &str) -> Option<GgmlDType> {

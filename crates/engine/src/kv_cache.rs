@@ -26,7 +26,7 @@ impl KvCache {
     /// lazy on Linux: memory is only committed for positions actually written.
     pub fn new(n_layer: usize, kv_dim: usize, hd: usize, capacity: usize) -> Self {
         assert!(
-            hd > 0 && kv_dim % hd == 0,
+            hd > 0 && kv_dim.is_multiple_of(hd),
             "heads of {hd} do not divide {kv_dim}"
         );
         // Key rows start on cache lines and lie an odd number of lines apart, so that the rows

@@ -13,6 +13,7 @@ pub mod pass_cost;
 pub mod sampling;
 pub mod tokenizer;
 pub mod verify;
+pub mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::{EngineError, Result};

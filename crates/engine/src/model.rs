@@ -11,6 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, QMatrix};
 use crate::kv_cache::KvCache;
+use crate::weights;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -61,7 +62,11 @@ impl Config {
         let n_kv_head = file
             .get_u64_opt(&key("attention.head_count_kv"))
             .unwrap_or(n_head as u64) as usize;
-        if n_head == 0 || n_kv_head == 0 || d_model % n_head != 0 || n_head % n_kv_head != 0 {
+        if n_head == 0
+            || n_kv_head == 0
+            || !d_model.is_multiple_of(n_head)
+            || !n_head.is_multiple_of(n_kv_head)
+        {
             return Err(EngineError::BadMetadata(format!(
                 "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads, width {d_model}"
             )));
@@ -72,7 +77,7 @@ impl Config {
         let rope_dims = file
             .get_u64_opt(&key("rope.dimension_count"))
             .unwrap_or(head_dim as u64) as usize;
-        if rope_dims > head_dim || rope_dims % 2 != 0 {
+        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
             return Err(EngineError::BadMetadata(format!(
                 "rope dimension count {rope_dims} does not fit head size {head_dim}"
             )));
@@ -82,7 +87,7 @@ impl Config {
             .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))
             .unwrap_or(1e-5);
         let context_len = file.get_u64_opt(&key("context_length")).unwrap_or(2048) as usize;
-        let embd = file.matrix("token_embd.weight")?;
+        let embd = weights::matrix(file, "token_embd.weight")?;
         if embd.cols != d_model {
             return Err(EngineError::BadMetadata(format!(
                 "token_embd width {} differs from embedding_length {d_model}",
@@ -146,37 +151,20 @@ pub struct Model {
     output: QMatrix,
 }
 
-fn check_shape(name: &str, m: &QMatrix, rows: usize, cols: usize) -> Result<()> {
-    if m.rows != rows || m.cols != cols {
-        return Err(EngineError::BadMetadata(format!(
-            "tensor '{name}' is {}x{}, expected {rows}x{cols}",
-            m.rows, m.cols
-        )));
-    }
-    Ok(())
-}
-
 impl Model {
     pub fn load(file: &GgufFile) -> Result<Self> {
         let c = Config::from_gguf(file)?;
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<QMatrix> {
-            let m = file.matrix(name)?;
-            check_shape(name, &m, rows, cols)?;
-            Ok(m.packed_for(kernels::isa()))
+        let isa = kernels::isa();
+        let matrix = |name: &str, rows: usize, cols: usize| {
+            weights::packed_matrix(file, name, rows, cols, isa)
         };
-        let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
-            if file.has_tensor(name) {
-                file.vector(name, len).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
+        let bias = |name: &str, len: usize| weights::optional_vector(file, name, len);
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}");
             layers.push(Layer {
                 attn: Attention {
-                    norm: file.vector(&p("attn_norm.weight"), c.d_model)?,
+                    norm: weights::vector(file, &p("attn_norm.weight"), c.d_model)?,
                     wq: matrix(&p("attn_q.weight"), c.q_dim(), c.d_model)?,
                     wk: matrix(&p("attn_k.weight"), c.kv_dim(), c.d_model)?,
                     wv: matrix(&p("attn_v.weight"), c.kv_dim(), c.d_model)?,
@@ -186,22 +174,22 @@ impl Model {
                     wo: matrix(&p("attn_output.weight"), c.d_model, c.q_dim())?,
                 },
                 mlp: Mlp {
-                    norm: file.vector(&p("ffn_norm.weight"), c.d_model)?,
+                    norm: weights::vector(file, &p("ffn_norm.weight"), c.d_model)?,
                     gate: matrix(&p("ffn_gate.weight"), c.d_ff, c.d_model)?,
                     up: matrix(&p("ffn_up.weight"), c.d_ff, c.d_model)?,
                     down: matrix(&p("ffn_down.weight"), c.d_model, c.d_ff)?,
                 },
             });
         }
-        let token_embd = file.matrix("token_embd.weight")?;
+        let token_embd = weights::matrix(file, "token_embd.weight")?;
         // Tied embeddings: without an output matrix the embedding table doubles as the head.
         let output = if file.has_tensor("output.weight") {
             matrix("output.weight", c.vocab_size, c.d_model)?
         } else {
-            token_embd.clone().packed_for(kernels::isa())
+            token_embd.clone().packed_for(isa)
         };
         Ok(Model {
-            output_norm: file.vector("output_norm.weight", c.d_model)?,
+            output_norm: weights::vector(file, "output_norm.weight", c.d_model)?,
             config: c,
             token_embd,
             layers,
@@ -276,12 +264,8 @@ impl Model {
             return Ok(Vec::new());
         }
         let mut x = vec![0f32; n * d];
-        {
-            let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
-            for (row, t) in x.chunks_mut(d).zip(tokens) {
-                self.token_embd.dequantize_row(t as usize, row);
-            }
-        }
+        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+        weights::embed(&self.token_embd, tokens, &mut x);
         let rope = RopeTable::new(c, &row_pos);
         let mut h = vec![0f32; n * d];
         let mut q = vec![0f32; n * qd];

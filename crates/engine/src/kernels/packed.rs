@@ -14,38 +14,27 @@
 //! number of rows, goes through the packed kernel, so a row's logits never depend on how many rows
 //! share the pass.
 //!
-//! Layout per group of 16 rows and super-block of 256 columns (each a multiple of 64 bytes):
-//! - Q4_K, 2368 bytes: `d[16]` and `dmin[16]` as f16; `scale[8][16]` and `min[8][16]` as u8; then
-//!   for each sub-block of 32 columns and each step of 8 columns, 64 bytes in which lane `l`'s four
-//!   bytes hold row `l`'s columns `c..c + 4` in their low nibbles and `c + 4..c + 8` in their high
-//!   nibbles.
-//! - Q6_K, 3392 bytes: `d[16]` as f16 and 32 bytes of padding; `scale[16][16]` as i8; the low four
-//!   bits of the 6-bit values laid out as Q4_K's nibbles (2048 bytes); then for each sub-block of 16
+//! Layout per group of 16 rows and unit of columns (`format` has each format's sizes and offsets;
+//! every unit is a whole number of 64-byte lines):
+//! - Q4_K, units of 256 columns: `d[16]` and `dmin[16]` as f16; `scale[8][16]` and `min[8][16]` as
+//!   u8; then for each sub-block of 32 columns and each step of 8 columns, 64 bytes in which lane
+//!   `l`'s four bytes hold row `l`'s columns `c..c + 4` in their low nibbles and `c + 4..c + 8` in
+//!   their high nibbles.
+//! - Q6_K, units of 256 columns: `d[16]` as f16 and 32 bytes of padding; `scale[16][16]` as i8; the
+//!   low four bits of the 6-bit values laid out as Q4_K's nibbles; then for each sub-block of 16
 //!   columns 64 bytes in which bits `2i..2i + 2` of lane `l`'s byte `b` are the top two bits of row
 //!   `l`'s column `4i + b`.
 //! - The 32-column formats in units of two blocks (64 columns): `d[2][16]` as f16; Q4_1 then
 //!   `m[2][16]` as f16; Q5_0 then per block 64 bytes in which bits `2u` and `2u + 1` of lane `l`'s
 //!   byte `b` are the fifth bits of columns `8u + b` and `8u + 4 + b`; then the 4-bit values of
-//!   each block as Q4_K's nibbles (256 bytes), or for Q8_0 the bytes plus 128 (as unsigned), four
-//!   columns per lane and step (512 bytes). Q4_0 576 bytes, Q4_1 640, Q5_0 704, Q8_0 1088.
+//!   each block as Q4_K's nibbles, or for Q8_0 the bytes plus 128 (as unsigned), four columns per
+//!   lane and step.
 
-use super::quant::{f16_at, q4k_scales_mins, Format, QuantizedActs};
+use super::format::{f16_at, q4_1, q4k, q4k_scales_mins, q5_0, q6k, Format, PACKED_D};
+use super::quant::QuantizedActs;
 
 /// Rows interleaved per group.
 pub const ROWS: usize = 16;
-pub const Q4K_BYTES: usize = 2368;
-pub const Q6K_BYTES: usize = 3392;
-
-/// Offsets inside a packed super-block.
-pub const Q4K_SCALES: usize = 64;
-pub const Q4K_MINS: usize = 192;
-pub const Q4K_QS: usize = 320;
-pub const Q6K_SCALES: usize = 64;
-pub const Q6K_QL: usize = 320;
-pub const Q6K_QH: usize = 2368;
-/// Offsets of the 32-column formats (units of 64 columns).
-pub const Q41_MINS: usize = 64;
-pub const Q50_HIGH: usize = 64;
 
 /// A weight matrix in the interleaved layout.
 pub struct Packed {
@@ -63,41 +52,12 @@ pub struct Packed {
 const HUGE_PAGE: usize = 2 << 20;
 
 impl Packed {
-    /// Bytes of one packed unit of 16 rows.
-    pub const fn block_bytes(format: Format) -> usize {
-        match format {
-            Format::Q4K => Q4K_BYTES,
-            Format::Q6K => Q6K_BYTES,
-            Format::Q4_0 => 576,
-            Format::Q4_1 => 640,
-            Format::Q5_0 => 704,
-            Format::Q8_0 => 1088,
-        }
-    }
-
-    /// Columns per packed unit: a super-block, or two 32-column blocks.
-    pub const fn unit_cols(format: Format) -> usize {
-        match format {
-            Format::Q4K | Format::Q6K => 256,
-            _ => 64,
-        }
-    }
-
-    /// Where a 32-column format's values start in a unit.
-    pub const fn values_at(format: Format) -> usize {
-        match format {
-            Format::Q4_1 => 128,
-            Format::Q5_0 => 192,
-            _ => 64,
-        }
-    }
-
     /// Packs `rows x cols` weights of `format` given as GGUF bytes; `None` when the format has no
     /// packed layout, the rows do not come in whole groups or no memory could be mapped for the
     /// copy (the matrix then stays in its natural layout).
     pub fn new(format: Format, rows: usize, cols: usize, bytes: &[u8]) -> Option<Packed> {
-        let block = Self::block_bytes(format);
-        let unit = Self::unit_cols(format);
+        let block = format.packed_bytes();
+        let unit = format.unit_cols();
         let (elems, sb_bytes) = format.super_block();
         if !rows.is_multiple_of(ROWS)
             || !cols.is_multiple_of(unit)
@@ -152,12 +112,12 @@ impl Packed {
 
     /// Packed units per row.
     pub fn units(&self) -> usize {
-        self.cols / Self::unit_cols(self.format)
+        self.cols / self.format.unit_cols()
     }
 
     /// The bytes of group `g` (rows `16g..16g + 16`), all units.
     pub fn group(&self, g: usize) -> &[u8] {
-        let len = self.units() * Self::block_bytes(self.format);
+        let len = self.units() * self.format.packed_bytes();
         &self.bytes()[g * len..(g + 1) * len]
     }
 }
@@ -174,33 +134,33 @@ fn put_nibbles(q: &[u8], l: usize, out: &mut [u8]) {
 }
 
 fn pack_q4k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
-    out[2 * l..2 * l + 2].copy_from_slice(&sb[0..2]);
-    out[32 + 2 * l..32 + 2 * l + 2].copy_from_slice(&sb[2..4]);
-    let (sc, m) = q4k_scales_mins(&sb[4..16]);
+    out[PACKED_D + 2 * l..][..2].copy_from_slice(&sb[q4k::D..q4k::D + 2]);
+    out[q4k::PACKED_DMIN + 2 * l..][..2].copy_from_slice(&sb[q4k::DMIN..q4k::DMIN + 2]);
+    let (sc, m) = q4k_scales_mins(&sb[q4k::SCALES..q4k::QS]);
     for j in 0..8 {
-        out[Q4K_SCALES + 16 * j + l] = sc[j];
-        out[Q4K_MINS + 16 * j + l] = m[j];
+        out[q4k::PACKED_SCALES + 16 * j + l] = sc[j];
+        out[q4k::PACKED_MINS + 16 * j + l] = m[j];
     }
     let mut q = [0u8; 256];
     Format::decode_q4k(sb, &mut q);
-    put_nibbles(&q, l, &mut out[Q4K_QS..]);
+    put_nibbles(&q, l, &mut out[q4k::PACKED_QS..]);
 }
 
 fn pack_q6k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
-    out[2 * l..2 * l + 2].copy_from_slice(&sb[208..210]);
+    out[PACKED_D + 2 * l..][..2].copy_from_slice(&sb[q6k::D..q6k::D + 2]);
     let mut q = [0u8; 256];
     let sc = Format::decode_q6k(sb, &mut q);
     for (t, &s) in sc.iter().enumerate() {
-        out[Q6K_SCALES + 16 * t + l] = s as u8;
+        out[q6k::PACKED_SCALES + 16 * t + l] = s as u8;
     }
-    put_nibbles(&q, l, &mut out[Q6K_QL..]);
+    put_nibbles(&q, l, &mut out[q6k::PACKED_QL..]);
     for t in 0..16 {
         for b in 0..4 {
             let mut byte = 0u8;
             for i in 0..4 {
                 byte |= (q[16 * t + 4 * i + b] >> 4) << (2 * i);
             }
-            out[Q6K_QH + 64 * t + 4 * l + b] = byte;
+            out[q6k::PACKED_QH + 64 * t + 4 * l + b] = byte;
         }
     }
 }
@@ -208,10 +168,11 @@ fn pack_q6k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
 /// Two 32-column blocks of one row (`sb`, GGUF bytes) into lane `l` of a packed unit.
 fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
     let bytes = format.super_block().1;
-    let values = Packed::values_at(format);
+    let values = format.packed_values();
+    let d = format.d_at();
     for h in 0..2 {
         let blk = &sb[h * bytes..(h + 1) * bytes];
-        out[32 * h + 2 * l..32 * h + 2 * l + 2].copy_from_slice(&blk[0..2]);
+        out[PACKED_D + 32 * h + 2 * l..][..2].copy_from_slice(&blk[d..d + 2]);
         let mut w = [0i8; 32];
         format.decode32(blk, &mut w);
         match format {
@@ -227,8 +188,8 @@ fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
                 let u = w.map(|v| v as u8);
                 put_nibbles(&u, l, &mut out[values + 256 * h..]);
                 if format == Format::Q4_1 {
-                    let at = Q41_MINS + 32 * h + 2 * l;
-                    out[at..at + 2].copy_from_slice(&blk[2..4]);
+                    let at = q4_1::PACKED_M + 32 * h + 2 * l;
+                    out[at..at + 2].copy_from_slice(&blk[q4_1::M..q4_1::M + 2]);
                 }
                 if format == Format::Q5_0 {
                     for b in 0..4 {
@@ -237,7 +198,7 @@ fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
                             byte |= (u[8 * step + b] >> 4) << (2 * step);
                             byte |= (u[8 * step + 4 + b] >> 4) << (2 * step + 1);
                         }
-                        out[Q50_HIGH + 64 * h + 4 * l + b] = byte;
+                        out[q5_0::PACKED_QH + 64 * h + 4 * l + b] = byte;
                     }
                 }
             }
@@ -248,7 +209,7 @@ fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
 /// Row `l`'s 64 integers of a packed 32-column unit, as `Format::decode32` gives them.
 fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
     let mut w = [0i8; 64];
-    let values = Packed::values_at(format);
+    let values = format.packed_values();
     for h in 0..2 {
         for step in 0..8 {
             for b in 0..4 {
@@ -259,7 +220,7 @@ fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
                     let byte = blk[values + 256 * h + 64 * (step / 2) + 4 * l + b];
                     let mut v = if step % 2 == 0 { byte & 0xF } else { byte >> 4 };
                     if format == Format::Q5_0 {
-                        let high = blk[Q50_HIGH + 64 * h + 4 * l + b];
+                        let high = blk[q5_0::PACKED_QH + 64 * h + 4 * l + b];
                         v |= ((high >> (2 * (step / 2) + step % 2)) & 1) << 4;
                     }
                     v as i8
@@ -274,9 +235,9 @@ fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
 fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
     let mut q = [0u8; 256];
     let nib = if format == Format::Q4K {
-        Q4K_QS
+        q4k::PACKED_QS
     } else {
-        Q6K_QL
+        q6k::PACKED_QL
     };
     for step in 0..32 {
         for b in 0..4 {
@@ -288,7 +249,7 @@ fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
     if format == Format::Q6K {
         for t in 0..16 {
             for b in 0..4 {
-                let byte = blk[Q6K_QH + 64 * t + 4 * l + b];
+                let byte = blk[q6k::PACKED_QH + 64 * t + 4 * l + b];
                 for i in 0..4 {
                     q[16 * t + 4 * i + b] |= ((byte >> (2 * i)) & 3) << 4;
                 }
@@ -301,7 +262,7 @@ fn lane_values(format: Format, blk: &[u8], l: usize) -> [u8; 256] {
 /// Plain reference of the packed kernels: the sixteen outputs of group `g` for activation row
 /// `row`, computed from the packed bytes with the same integer sums and scale order.
 pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) -> [f32; 16] {
-    let block = Packed::block_bytes(p.format);
+    let block = p.format.packed_bytes();
     let group = p.group(g);
     let mut out = [0f32; 16];
     for (l, o) in out.iter_mut().enumerate() {
@@ -314,10 +275,10 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
                     let bi = row * acts.k / 32 + 2 * s + h;
                     let xq = acts.q_at(row, 64 * s + 32 * h);
                     let a: i32 = (0..32).map(|e| w[32 * h + e] as i32 * xq[e] as i32).sum();
-                    let d = f16_at(blk, 32 * h + 2 * l);
+                    let d = f16_at(blk, PACKED_D + 32 * h + 2 * l);
                     let offset = match p.format {
                         Format::Q4_0 => -8.0 * d,
-                        Format::Q4_1 => f16_at(blk, Q41_MINS + 32 * h + 2 * l),
+                        Format::Q4_1 => f16_at(blk, q4_1::PACKED_M + 32 * h + 2 * l),
                         Format::Q5_0 => -16.0 * d,
                         _ => 0.0,
                     };
@@ -335,19 +296,19 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
             let mut sb = 0f32;
             match p.format {
                 Format::Q4K => {
-                    let d = f16_at(blk, 2 * l);
-                    let dmin = f16_at(blk, 32 + 2 * l);
+                    let d = f16_at(blk, PACKED_D + 2 * l);
+                    let dmin = f16_at(blk, q4k::PACKED_DMIN + 2 * l);
                     for j in 0..8 {
-                        let sc = d * blk[Q4K_SCALES + 16 * j + l] as f32;
-                        let mn = dmin * blk[Q4K_MINS + 16 * j + l] as f32;
+                        let sc = d * blk[q4k::PACKED_SCALES + 16 * j + l] as f32;
+                        let mn = dmin * blk[q4k::PACKED_MINS + 16 * j + l] as f32;
                         sb += dot(32 * j, 32) as f32 * sc;
                         acc -= mn * acts.ds[(row * acts.k + s * 256) / 32 + j];
                     }
                 }
                 _ => {
-                    let d = f16_at(blk, 2 * l);
+                    let d = f16_at(blk, PACKED_D + 2 * l);
                     for t in 0..16 {
-                        let sc = d * blk[Q6K_SCALES + 16 * t + l] as i8 as f32;
+                        let sc = d * blk[q6k::PACKED_SCALES + 16 * t + l] as i8 as f32;
                         let a = dot(16 * t, 16) - 32 * acts.bsums[bi * 16 + t] as i32;
                         sb += a as f32 * sc;
                     }

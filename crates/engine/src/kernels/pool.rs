@@ -23,6 +23,8 @@ struct Shared {
     next: AtomicUsize,
     checked_in: AtomicUsize,
     sleepers: AtomicUsize,
+    /// Set by a worker whose part of the job panicked; `run` panics in its stead.
+    panicked: AtomicBool,
     shutdown: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
@@ -49,6 +51,7 @@ impl Pool {
             next: AtomicUsize::new(0),
             checked_in: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -93,8 +96,29 @@ impl Pool {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
+        let checkout = CheckOut {
+            s,
+            workers: self.workers,
+        };
         work(s, f, n);
-        while s.checked_in.load(Ordering::Acquire) < self.workers {
+        drop(checkout);
+        if s.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a job panicked on a worker thread");
+        }
+    }
+}
+
+/// Waits, when dropped, until every worker has checked out of the job: also when the job panics on
+/// the calling thread, since the workers may still be running the closure, which borrows from the
+/// caller's stack.
+struct CheckOut<'a> {
+    s: &'a Shared,
+    workers: usize,
+}
+
+impl Drop for CheckOut<'_> {
+    fn drop(&mut self) {
+        while self.s.checked_in.load(Ordering::Acquire) < self.workers {
             std::hint::spin_loop();
         }
     }
@@ -123,7 +147,7 @@ fn worker(s: &Shared) {
             }
             std::hint::spin_loop();
             spins += 1;
-            if spins % 256 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && start.elapsed() > SPIN {
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 while s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
@@ -138,7 +162,11 @@ fn worker(s: &Shared) {
         // worker checks in below.
         if let Some((job, n)) = unsafe { *s.job.get() } {
             let f: &(dyn Fn(usize) + Sync) = unsafe { &*job };
-            work(s, f, n);
+            // A panic in the job must not keep this worker from checking out: `run` waits for it.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, f, n)));
+            if ran.is_err() {
+                s.panicked.store(true, Ordering::Relaxed);
+            }
         }
         s.checked_in.fetch_add(1, Ordering::Release);
     }
@@ -192,5 +220,25 @@ mod tests {
             sum.fetch_add(i as u64, Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 4950);
+    }
+
+    #[test]
+    fn a_panicking_job_panics_in_run_once_every_item_is_done() {
+        let pool = Pool::new(3);
+        let sum = AtomicU64::new(0);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(1000, &|i| {
+                assert!(i != 500, "item 500");
+                sum.fetch_add(i as u64, Ordering::Relaxed);
+            })
+        }));
+        assert!(ran.is_err());
+        // Every other item ran before `run` returned, on whichever thread.
+        assert_eq!(sum.load(Ordering::Relaxed), 499_500 - 500);
+        let hits = AtomicU64::new(0);
+        pool.run(100, &|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 100);
     }
 }

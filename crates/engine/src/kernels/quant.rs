@@ -6,32 +6,33 @@
 //! whose integer scales are then applied in the integer domain across a whole super-block. Sums of
 //! the activation integers (per 32-block, or per 16 inside a 256-block) carry the formats' offsets
 //! and minimums, so weights are handled as small unsigned integers.
+//!
+//! The activations' quantization, plain and AVX2, lives here with the type every kernel reads, so
+//! that this module needs nothing from `x86` (whose kernels read it).
 
-use half::f16;
+use super::format::{f16_at, q4k, q4k_scales_mins, q6k, Format};
 
-pub const QK: usize = 32;
-pub const QK_K: usize = 256;
-
-/// Activation rows quantized to 8 bits per block of `block` values.
+/// Activation rows quantized to 8 bits per block of `block` values. Only `quantize` fills it: the
+/// SIMD kernels read it without bounds checks, trusting the lengths `quantize` gives.
 #[derive(Default, Clone)]
 pub struct QuantizedActs {
-    pub rows: usize,
-    pub k: usize,
-    pub block: usize,
-    pub q: Vec<i8>,
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    pub(crate) block: usize,
+    pub(crate) q: Vec<i8>,
     /// Scale of each block.
-    pub d: Vec<f32>,
+    pub(crate) d: Vec<f32>,
     /// Per 32 elements: the block's scale times the sum of those 32 integers.
-    pub ds: Vec<f32>,
+    pub(crate) ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
-    pub bsums: Vec<i16>,
+    pub(crate) bsums: Vec<i16>,
     /// The same sums times 32, as i32 (Q6_K's offset, broadcast by the packed kernel).
-    pub bsums_x32: Vec<i32>,
+    pub(crate) bsums_x32: Vec<i32>,
     /// Per 32 elements: the sum of those 32 integers.
-    pub isums: Vec<i32>,
+    pub(crate) isums: Vec<i32>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
-    pub spread_d: Vec<f32>,
+    pub(crate) spread_d: Vec<f32>,
 }
 
 impl QuantizedActs {
@@ -49,7 +50,12 @@ impl QuantizedActs {
         k: usize,
         block: usize,
     ) {
-        debug_assert_eq!(k % block, 0);
+        super::isa::assert_available(isa);
+        // Whole blocks of whole 32s: the block quantizers write 32 values at a time.
+        assert!(
+            block > 0 && block.is_multiple_of(32) && k.is_multiple_of(block),
+            "blocks of {block} in {k}"
+        );
         self.rows = rows;
         self.k = k;
         self.block = block;
@@ -184,9 +190,9 @@ impl<'a> Blocks<'a> {
 fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa != super::Isa::Scalar {
-        // SAFETY: AVX2 is present whenever `isa` is not Scalar (`Isa::detect`); the block is a
-        // multiple of 32 long and `qs` as long as `xs`.
-        return unsafe { super::x86::quantize_block_avx2(xs, qs) };
+        // SAFETY: the CPU has AVX2 whenever `isa` is not Scalar (`quantize_with` asserted that it
+        // can run `isa`); the block is a multiple of 32 long and `qs` as long as `xs`.
+        return unsafe { quantize_block_avx2(xs, qs) };
     }
     let _ = isa;
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -198,165 +204,39 @@ fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
     d
 }
 
-#[inline(always)]
-pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
-}
-
-/// The 6-bit scales and mins of the eight sub-blocks of a Q4_K super-block. The 12 packed bytes
-/// hold scales 0..4 and mins 0..4 in the low 6 bits of bytes 0..4 and 4..8; scales and mins 4..8
-/// have their low 4 bits in the nibbles of bytes 8..12 and their top 2 bits in the top bits of
-/// bytes 0..4 and 4..8. Done four bytes at a time.
-#[inline(always)]
-pub fn q4k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
-    let (a, b, c) = (word(0), word(4), word(8));
-    let six = 0x3f3f_3f3f;
-    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
-    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
-    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
-    (join(a & six, sc_hi), join(b & six, m_hi))
-}
-
-/// The weight formats with our own kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-    Q4K,
-    Q6K,
-}
-
-impl Format {
-    pub fn from_ggml(d: candle_core::quantized::GgmlDType) -> Option<Self> {
-        use candle_core::quantized::GgmlDType as G;
-        Some(match d {
-            G::Q4_0 => Format::Q4_0,
-            G::Q4_1 => Format::Q4_1,
-            G::Q5_0 => Format::Q5_0,
-            G::Q8_0 => Format::Q8_0,
-            G::Q4K => Format::Q4K,
-            G::Q6K => Format::Q6K,
-            _ => return None,
-        })
+/// Quantizes one block of activations to 8 bits: returns the scale `amax / 127` and writes
+/// `round_ties_even(x / scale)` to `qs`, exactly as the plain version does (same product, same
+/// rounding). `xs.len()` is a multiple of 32.
+///
+/// # Safety
+/// The CPU must have AVX2; `qs.len() == xs.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = xs.len();
+    let p = xs.as_ptr();
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    for i in (0..n).step_by(8) {
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs));
     }
-
-    /// (elements, bytes) of one super-block.
-    pub const fn super_block(self) -> (usize, usize) {
-        match self {
-            Format::Q4_0 => (32, 18),
-            Format::Q4_1 => (32, 20),
-            Format::Q5_0 => (32, 22),
-            Format::Q8_0 => (32, 34),
-            Format::Q4K => (256, 144),
-            Format::Q6K => (256, 210),
-        }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    let d = _mm_cvtss_f32(m) / 127.0;
+    let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in (0..n).step_by(32) {
+        // `cvtps` rounds to nearest even (the default rounding mode).
+        let v = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(i + o)), id));
+        let (a, b, c, e) = (v(0), v(8), v(16), v(24));
+        let w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(i) as *mut __m256i, w);
     }
-
-    /// The activation block size the format's kernel wants.
-    pub const fn act_block(self) -> usize {
-        self.super_block().0
-    }
-
-    /// Decodes one block of a 32-element format into integers `w` with `value = scale * w + offset`.
-    pub fn decode32(self, blk: &[u8], w: &mut [i8; 32]) -> (f32, f32) {
-        let d = f16_at(blk, 0);
-        match self {
-            Format::Q4_0 | Format::Q4_1 => {
-                let qs = &blk[if self == Format::Q4_0 { 2 } else { 4 }..][..16];
-                for j in 0..16 {
-                    w[j] = (qs[j] & 0xF) as i8;
-                    w[j + 16] = (qs[j] >> 4) as i8;
-                }
-                let offset = if self == Format::Q4_0 {
-                    -8.0 * d
-                } else {
-                    f16_at(blk, 2)
-                };
-                (d, offset)
-            }
-            Format::Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                let qs = &blk[6..22];
-                for j in 0..16 {
-                    let h0 = ((qh >> j) & 1) as u8;
-                    let h1 = ((qh >> (j + 16)) & 1) as u8;
-                    w[j] = ((qs[j] & 0xF) | (h0 << 4)) as i8;
-                    w[j + 16] = ((qs[j] >> 4) | (h1 << 4)) as i8;
-                }
-                (d, -16.0 * d)
-            }
-            Format::Q8_0 => {
-                for j in 0..32 {
-                    w[j] = blk[2 + j] as i8;
-                }
-                (d, 0.0)
-            }
-            Format::Q4K | Format::Q6K => unreachable!("256-element format"),
-        }
-    }
-
-    /// Q4_K: the 4-bit integers of the super-block and (d * scale, dmin * min) per 32.
-    pub fn decode_q4k(sb: &[u8], w: &mut [u8; 256]) -> ([f32; 8], [f32; 8]) {
-        let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
-        let (sc, m) = q4k_scales_mins(&sb[4..16]);
-        for p in 0..4 {
-            let qs = &sb[16 + 32 * p..16 + 32 * p + 32];
-            for l in 0..32 {
-                w[64 * p + l] = qs[l] & 0xF;
-                w[64 * p + 32 + l] = qs[l] >> 4;
-            }
-        }
-        (sc.map(|s| d * s as f32), m.map(|v| dmin * v as f32))
-    }
-
-    /// Q6_K: the 6-bit integers (0..63, value is scale * (q - 32)) and the integer scale per 16.
-    pub fn decode_q6k(sb: &[u8], w: &mut [u8; 256]) -> [i8; 16] {
-        for half in 0..2 {
-            let ql = &sb[64 * half..];
-            let qh = &sb[128 + 32 * half..];
-            for l in 0..32 {
-                let o = 128 * half + l;
-                w[o] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                w[o + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                w[o + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                w[o + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-            }
-        }
-        let mut sc = [0i8; 16];
-        for (i, s) in sc.iter_mut().enumerate() {
-            *s = sb[192 + i] as i8;
-        }
-        sc
-    }
-
-    /// The real values of one super-block (for tests against candle's dequantization).
-    pub fn dequantize_super_block(self, sb: &[u8]) -> Vec<f32> {
-        match self {
-            Format::Q4K => {
-                let mut w = [0u8; 256];
-                let (s, m) = Self::decode_q4k(sb, &mut w);
-                (0..256)
-                    .map(|e| s[e / 32] * w[e] as f32 - m[e / 32])
-                    .collect()
-            }
-            Format::Q6K => {
-                let mut w = [0u8; 256];
-                let sc = Self::decode_q6k(sb, &mut w);
-                let d = f16_at(sb, 208);
-                (0..256)
-                    .map(|e| d * sc[e / 16] as f32 * (w[e] as i32 - 32) as f32)
-                    .collect()
-            }
-            _ => {
-                let mut w = [0i8; 32];
-                let (s, o) = self.decode32(sb, &mut w);
-                w.iter().map(|&v| s * v as f32 + o).collect()
-            }
-        }
-    }
+    d
 }
 
 /// Plain-Rust dot products of one weight row with activation rows `r0..r0 + out.len()`.
@@ -379,8 +259,8 @@ fn dot_row_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r: usize) -> f32
         match f {
             Format::Q4K => {
                 let mut w = [0u8; 256];
-                let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
-                let (sc, m) = q4k_scales_mins(&sb[4..16]);
+                let (d, dmin) = (f16_at(sb, q4k::D), f16_at(sb, q4k::DMIN));
+                let (sc, m) = q4k_scales_mins(&sb[q4k::SCALES..q4k::QS]);
                 Format::decode_q4k(sb, &mut w);
                 let mut isum = 0i32;
                 let mut msum = 0i32;
@@ -396,12 +276,12 @@ fn dot_row_scalar(f: Format, wrow: &[u8], acts: &QuantizedActs, r: usize) -> f32
                 let mut w = [0u8; 256];
                 let sc = Format::decode_q6k(sb, &mut w);
                 let mut isum = 0i32;
-                for g in 0..16 {
+                for (g, &s) in sc.iter().enumerate() {
                     let e = g * 16;
                     let raw = idot(w[e..e + 16].iter().map(|&v| v as i32), &q[e..]);
-                    isum += sc[g] as i32 * (raw - 32 * acts.bsums[bi * 16 + g] as i32);
+                    isum += s as i32 * (raw - 32 * acts.bsums[bi * 16 + g] as i32);
                 }
-                acc += f16_at(sb, 208) * dx * isum as f32;
+                acc += f16_at(sb, q6k::D) * dx * isum as f32;
             }
             _ => {
                 let mut w = [0i8; 32];

@@ -1,4 +1,5 @@
 use super::*;
+use candle_core::quantized::GgmlDType;
 
 /// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -133,7 +134,7 @@ const OWN: [GgmlDType; 6] = [
 #[test]
 fn own_decoding_equals_candle_dequantization() {
     for (ti, &dtype) in OWN.iter().enumerate() {
-        let f = quant::Format::from_ggml(dtype).unwrap();
+        let f = format::Format::from_ggml(dtype).unwrap();
         let (elems, bytes) = f.super_block();
         let cols = elems * 3;
         let data = random_vec(2 * cols, 50 + ti as u64);
@@ -218,7 +219,7 @@ fn q4k_scales_and_mins_unpack_bytewise() {
             s ^= s << 17;
             *b = (s >> 32) as u8;
         }
-        let (sc, m) = quant::q4k_scales_mins(&bytes);
+        let (sc, m) = format::q4k_scales_mins(&bytes);
         for j in 0..8 {
             let (want_sc, want_m) = if j < 4 {
                 (bytes[j] & 63, bytes[j + 4] & 63)
@@ -319,7 +320,7 @@ fn long_rows_match_the_scalar_reference() {
 #[test]
 fn packed_kernels_match_the_natural_layout() {
     for (ti, &dtype) in OWN.iter().enumerate() {
-        let f = quant::Format::from_ggml(dtype).unwrap();
+        let f = format::Format::from_ggml(dtype).unwrap();
         let (rows, cols) = (48, 768);
         let w = random_vec(rows * cols, 400 + ti as u64);
         let bytes = quantize(dtype, &w);
@@ -327,7 +328,7 @@ fn packed_kernels_match_the_natural_layout() {
         let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
         assert!(packed::Packed::new(f, rows - 1, cols, &bytes[..0]).is_none());
         let odd_cols = cols - f.act_block();
-        if odd_cols % packed::Packed::unit_cols(f) != 0 {
+        if !odd_cols.is_multiple_of(f.unit_cols()) {
             let b = quantize(dtype, &w[..rows * odd_cols]);
             assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
         }
@@ -543,4 +544,38 @@ fn attention_over_rows_equals_each_row_alone() {
             }
         }
     }
+}
+
+/// An implementation the CPU lacks is refused before any of its instructions run (where there is
+/// one to try).
+#[test]
+fn an_isa_the_cpu_lacks_is_refused() {
+    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx2]
+        .iter()
+        .find(|i| !i.is_available())
+    else {
+        return;
+    };
+    let mat = QMatrix::new(
+        GgmlDType::Q4K,
+        16,
+        256,
+        Bytes::owned(&quantize(GgmlDType::Q4K, &random_vec(16 * 256, 1))),
+    )
+    .unwrap();
+    let x = random_vec(256, 2);
+    let product = std::panic::catch_unwind(|| matmul_with(lacking, &x, 1, &mat, &mut [0f32; 16]));
+    assert!(product.is_err(), "{lacking:?} product ran");
+    let kv = KvHead {
+        keys: &x,
+        values: &x,
+        key_stride: 16,
+        value_stride: 16,
+        hd: 16,
+        len: 16,
+    };
+    let attention = std::panic::catch_unwind(|| {
+        attend_with(lacking, &x[..16], kv, 1.0, &mut Vec::new(), &mut [0f32; 16])
+    });
+    assert!(attention.is_err(), "{lacking:?} attention ran");
 }

@@ -60,7 +60,8 @@ pub fn fixture(file: &str) -> Fixture {
 
 /// Loads a model by alias once per test binary (fetching it if missing).
 pub fn model(alias: &str) -> Arc<LoadedModel> {
-    static CACHE: OnceLock<Mutex<Vec<(String, Arc<LoadedModel>)>>> = OnceLock::new();
+    type Cache = Mutex<Vec<(String, Arc<LoadedModel>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
     let mut guard = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, m)) = guard.iter().find(|(a, _)| a == alias) {

@@ -1,0 +1,160 @@
+//! Attention of the query heads that share one key/value head of the cache (keys stored
+//! transposed): the plain loops, AVX2 for one row, AVX-512 for several rows at once.
+
+use super::elementwise::{axpy_scalar, softmax};
+use super::isa::{assert_available, isa, Isa};
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+
+/// One key/value head of a cache over its first `len` positions. Keys are stored transposed, one
+/// row per dimension: dimension `i` of key `t` is `keys[i * key_stride + t]`, so that the scores
+/// of consecutive positions are one vector product away (no horizontal sums); value `t` is
+/// `values[t * value_stride..][..hd]`.
+#[derive(Clone, Copy)]
+pub struct KvHead<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub key_stride: usize,
+    pub value_stride: usize,
+    pub hd: usize,
+    pub len: usize,
+}
+
+impl KvHead<'_> {
+    /// Panics unless every key and value of the `len` positions lies inside the slices.
+    fn check(&self) {
+        let Self { hd, len, .. } = *self;
+        assert!(
+            hd > 0 && len > 0 && len <= self.key_stride,
+            "key rows too short"
+        );
+        assert!(
+            self.keys.len() >= (hd - 1) * self.key_stride + len
+                && self.values.len() >= (len - 1) * self.value_stride + hd,
+            "cache too short"
+        );
+    }
+}
+
+/// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
+/// `scores` is scratch; `out` gets one `hd`-long output per query head.
+pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
+    attend_with(isa(), q, kv, scale, scores, out)
+}
+
+/// `attend` with a chosen implementation (AVX-512 for head sizes that are a multiple of 16, AVX2
+/// for multiples of 8, the plain loops otherwise).
+pub fn attend_with(
+    isa: Isa,
+    q: &[f32],
+    kv: KvHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    assert_available(isa);
+    let KvHead { hd, len, .. } = kv;
+    kv.check();
+    let group = q.len() / hd;
+    assert!(group * hd == q.len() && out.len() == q.len());
+    scores.clear();
+    scores.resize(group * len, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+            // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
+            // multiple of 16; every key and value read lies inside the checked span; one row.
+            return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, scores, out) };
+        }
+        if isa != Isa::Scalar && hd % 8 == 0 {
+            // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; as above.
+            return unsafe { x86::attend_avx2(q, kv, scale, scores, out) };
+        }
+    }
+    let _ = isa;
+    attend_scalar(q, kv, scale, scores, out)
+}
+
+/// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
+/// the key/value head `kv`: row `r`'s query heads are `q[r * q_stride..][..group * hd]`, it sees the
+/// first `kv.len - (rows - 1 - r)` positions, and its outputs go to `out[r * group * hd..]`. Each
+/// row's result is bit-identical to `attend` on that row alone; the AVX-512 version reads each
+/// key and value once for all the rows.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let KvHead { hd, len, .. } = kv;
+    assert!(rows > 0 && rows <= len && out.len().is_multiple_of(rows));
+    assert_available(isa);
+    let gw = out.len() / rows;
+    assert!(hd > 0 && gw.is_multiple_of(hd) && (rows - 1) * q_stride + gw <= q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+        kv.check();
+        scores.clear();
+        scores.resize(rows * (gw / hd) * len, 0.0);
+        // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a multiple
+        // of 16; keys and values lie inside the checked span, queries inside `q`, scores and
+        // outputs are sized above.
+        return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, scores, out) };
+    }
+    for (r, o) in out.chunks_mut(gw).enumerate() {
+        let row_kv = KvHead {
+            len: len - (rows - 1 - r),
+            ..kv
+        };
+        attend_with(
+            isa,
+            &q[r * q_stride..r * q_stride + gw],
+            row_kv,
+            scale,
+            scores,
+            o,
+        );
+    }
+}
+
+/// The plain version of `attend`, one dot product and one scaled sum per head and position.
+pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let KvHead {
+        keys,
+        values,
+        key_stride,
+        value_stride,
+        hd,
+        len,
+    } = kv;
+    let group = q.len() / hd;
+    for g in 0..group {
+        // Along the rows of keys: every score sums its products in the order of the dimensions.
+        let sc = &mut scores[g * len..(g + 1) * len];
+        sc.fill(0.0);
+        for (i, qi) in q[g * hd..(g + 1) * hd].iter().enumerate() {
+            for (s, k) in sc
+                .iter_mut()
+                .zip(&keys[i * key_stride..i * key_stride + len])
+            {
+                *s += qi * k;
+            }
+        }
+        for s in sc.iter_mut() {
+            *s *= scale;
+        }
+        softmax(sc);
+    }
+    out.fill(0.0);
+    for t in 0..len {
+        let value = &values[t * value_stride..t * value_stride + hd];
+        for g in 0..group {
+            axpy_scalar(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
+        }
+    }
+}

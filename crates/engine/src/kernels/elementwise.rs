@@ -1,0 +1,95 @@
+//! The small float loops of the decoder layer (dot product, RMSNorm, softmax, SwiGLU), each with its
+//! plain version.
+
+#[cfg(target_arch = "x86_64")]
+use super::{isa::has_avx2, x86};
+
+/// Dot product of two f32 slices. Every call on a machine takes the same path (AVX2 with FMA when
+/// the CPU has it), so results never depend on the caller.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`); the lengths are equal.
+        return unsafe { x86::dot_f32(a, b) };
+    }
+    dot_scalar(a, b)
+}
+
+/// The plain version of `dot`, eight independent accumulators.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = 0f32;
+    for t in chunks * 8..a.len() {
+        s += a[t] * b[t];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + s
+}
+
+/// `y += alpha * x`
+pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// RMSNorm of `x` scaled by `weight`, into `out`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot(x, x) / x.len() as f32;
+    let scale = 1.0 / (ss + eps).sqrt();
+    for ((o, xi), wi) in out.iter_mut().zip(x).zip(weight) {
+        *o = xi * scale * wi;
+    }
+}
+
+/// In-place softmax (a vectorized exponential where the CPU has AVX2; both within a few units in
+/// the last place of `f32::exp`).
+pub fn softmax(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`).
+        return unsafe { x86::softmax_avx2(x) };
+    }
+    softmax_scalar(x)
+}
+
+/// The plain version of `softmax`.
+pub fn softmax_scalar(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `gate = silu(gate) * up`, the SwiGLU activation.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`); the lengths are equal.
+        let done = unsafe { x86::swiglu_avx2(gate, up) };
+        return swiglu_scalar(&mut gate[done..], &up[done..]);
+    }
+    swiglu_scalar(gate, up)
+}
+
+/// The plain version of `swiglu`.
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}

@@ -1,0 +1,34 @@
+//! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
+//! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (dot,
+//! softmax, SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
+//! `#[target_feature]` names, which their callers in `kernels` check first.
+
+use super::format::Format;
+use std::arch::x86_64::*;
+
+mod attention;
+mod elementwise;
+mod packed;
+mod products;
+
+pub(crate) use attention::{attend_avx2, attend_rows_avx512};
+pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
+pub(crate) use packed::packed_rows;
+pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
+
+// The formats as the kernels' const parameters (see `Format::from_code`).
+pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;
+pub(crate) const Q4_1: u8 = Format::Q4_1 as u8;
+pub(crate) const Q5_0: u8 = Format::Q5_0 as u8;
+pub(crate) const Q8_0: u8 = Format::Q8_0 as u8;
+pub(crate) const Q4K: u8 = Format::Q4K as u8;
+pub(crate) const Q6K: u8 = Format::Q6K as u8;
+
+/// The sum of the eight lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}

@@ -1,0 +1,81 @@
+//! The model's weights as the kernels take them: tensor views of the GGUF file checked into
+//! `QMatrix`es (still windows into the mapped file) and packed for the kernels in use; norms and
+//! biases read out as floats; embedding rows looked up.
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::{self, Isa, QMatrix};
+
+/// A 2-D weight (`rows` outputs by `cols` inputs; a 1-D tensor is one row), viewed in the mapped
+/// file.
+pub fn matrix(file: &GgufFile, name: &str) -> Result<QMatrix> {
+    let tensor = file.tensor(name)?;
+    let (rows, cols) = match tensor.dims {
+        [r, c] => (*r, *c),
+        [c] => (1, *c),
+        dims => {
+            return Err(EngineError::BadMetadata(format!(
+                "tensor '{name}' has shape {dims:?}, expected a matrix"
+            )))
+        }
+    };
+    if !kernels::is_supported(tensor.dtype) {
+        return Err(EngineError::UnsupportedTensorType {
+            name: name.into(),
+            dtype: format!("{:?}", tensor.dtype),
+        });
+    }
+    QMatrix::new(tensor.dtype, rows, cols, tensor.bytes).map_err(|reason| {
+        EngineError::BadModelFile {
+            path: file.path.clone(),
+            reason: format!("tensor '{name}': {reason}"),
+        }
+    })
+}
+
+/// A weight of `rows x cols` for the products, with the packed copy the kernels of `isa` compute
+/// with where they have one.
+pub fn packed_matrix(
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    isa: Isa,
+) -> Result<QMatrix> {
+    let m = matrix(file, name)?;
+    if m.rows != rows || m.cols != cols {
+        return Err(EngineError::BadMetadata(format!(
+            "tensor '{name}' is {}x{}, expected {rows}x{cols}",
+            m.rows, m.cols
+        )));
+    }
+    Ok(m.packed_for(isa))
+}
+
+/// A 1-D tensor (norm weights, biases) as f32 values.
+pub fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let m = matrix(file, name)?;
+    if m.rows * m.cols != len {
+        return Err(EngineError::BadMetadata(format!(
+            "tensor '{name}' has {} elements, expected {len}",
+            m.rows * m.cols
+        )));
+    }
+    Ok(m.dequantize())
+}
+
+/// `vector` for a tensor the model may leave out (biases).
+pub fn optional_vector(file: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+    if file.has_tensor(name) {
+        vector(file, name, len).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The rows of the embedding table for `tokens`, one after another into `out`.
+pub fn embed(table: &QMatrix, tokens: impl Iterator<Item = u32>, out: &mut [f32]) {
+    for (row, t) in out.chunks_mut(table.cols).zip(tokens) {
+        table.dequantize_row(t as usize, row);
+    }
+}
