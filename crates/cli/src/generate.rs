@@ -104,8 +104,8 @@ impl GenerateArgs {
 }
 
 pub fn output_json(out: &GenerationOutput, spec: &SpecConfig) -> serde_json::Value {
-    let mut speculation = serde_json::to_value(SpeculationReport::from(spec))
-        .expect("plain data serializes");
+    let mut speculation =
+        serde_json::to_value(SpeculationReport::from(spec)).expect("plain data serializes");
     speculation.as_object_mut().expect("an object").extend([
         ("steps".into(), json!(out.stats.steps)),
         ("draft_tokens".into(), json!(out.stats.draft_tokens)),

@@ -233,7 +233,10 @@ mod tests {
             ..Default::default()
         };
         let c = SpecConfig::default().merge(Some(&sc), &top).unwrap();
-        assert_eq!(c.num_speculative_tokens, 2, "top level over speculative_config");
+        assert_eq!(
+            c.num_speculative_tokens, 2,
+            "top level over speculative_config"
+        );
         assert_eq!(c.prompt_lookup_max, 3, "speculative_config over defaults");
         assert_eq!(c.prompt_lookup_min, DEFAULT_PROMPT_LOOKUP_MIN);
         let c = SpecConfig::default()
@@ -248,7 +251,10 @@ mod tests {
         assert_eq!(o.num_speculative_tokens, Some(5));
         assert_eq!(o.prompt_lookup_max, Some(2));
         let o = parse(r#"{"ngram_prompt_lookup_max":6,"ngram_prompt_lookup_min":2}"#).unwrap();
-        assert_eq!((o.prompt_lookup_max, o.prompt_lookup_min), (Some(6), Some(2)));
+        assert_eq!(
+            (o.prompt_lookup_max, o.prompt_lookup_min),
+            (Some(6), Some(2))
+        );
         let c: SpecConfig =
             serde_json::from_str(r#"{"prompt_lookup_num_tokens":3,"match_policy":"longest"}"#)
                 .unwrap();

@@ -114,8 +114,7 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
     let cost = match &a.forward {
         Some(p) => {
             let f: ForwardReport = read_json(p, "the output of `pld bench forward --json`")?;
-            let points: Vec<(usize, f64)> =
-                f.top.passes.iter().map(|p| (p.tokens, p.ms)).collect();
+            let points: Vec<(usize, f64)> = f.top.passes.iter().map(|p| (p.tokens, p.ms)).collect();
             if points.is_empty() {
                 anyhow::bail!("{} has no passes", p.display());
             }

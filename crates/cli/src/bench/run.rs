@@ -3,8 +3,8 @@
 //! speedup per category as a table, JSON, a Markdown report and an SVG chart.
 
 use super::results::{
-    read_json, read_workload, ResultsFile, RowResult, RunSummary, SpeculationReport, Summary, TurnTokens,
-    WorkloadRow,
+    read_json, read_workload, ResultsFile, RowResult, RunSummary, SpeculationReport, Summary,
+    TurnTokens, WorkloadRow,
 };
 use crate::spec::SpecArgs;
 use clap::Args;
@@ -219,11 +219,7 @@ fn mismatch_line(r: &RowResult) -> String {
     )
 }
 
-fn run_rows(
-    lm: &LoadedModel,
-    args: &RunArgs,
-    spec: &SpecConfig,
-) -> anyhow::Result<Vec<RowResult>> {
+fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Result<Vec<RowResult>> {
     let rows = load_rows(args)?;
     // Warm-up: touch the weights and the code paths once.
     run_one(lm, &[Message::new("user", "Say hello.")], greedy(8, *spec))?;
@@ -335,7 +331,11 @@ fn write_outputs(
         s.adaptive,
     );
     std::fs::write(dir.join("report.md"), report)?;
-    draw_chart(&dir.join("speedup.svg"), &summary.categories, &summary.model)?;
+    draw_chart(
+        &dir.join("speedup.svg"),
+        &summary.categories,
+        &summary.model,
+    )?;
     let file = ResultsFile {
         summary: Some(summary),
         rows,
