@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use drafting::SpecConfig;
+use drafting::{SpecConfig, SpecMethod};
 use engine::{FinishReason, GenerationConfig, GenerationOutput, LoadedModel, Message};
 
 fn run(lm: &LoadedModel, prompt: &[u32], config: GenerationConfig, ctx: usize) -> GenerationOutput {
@@ -80,6 +80,42 @@ fn greedy_identity_over_k_and_ngram_ranges() {
     }
 }
 
+/// Greedy settings that draft trees: `max_nodes` nodes at most, up to 8 deep, from the n-gram
+/// index and the model's own earlier predictions.
+fn tree(max_new_tokens: usize, max_nodes: usize, adaptive: bool) -> GenerationConfig {
+    let mut c = greedy(max_new_tokens, 8, 1, 3);
+    c.speculation.method = SpecMethod::Tree;
+    c.speculation.tree_max_nodes = max_nodes;
+    c.speculation.adaptive = adaptive;
+    c
+}
+
+#[test]
+fn tree_drafts_give_plain_greedy_output() {
+    for (alias, file) in FIXTURE_MODELS {
+        let fx = fixture(file);
+        let lm = model(alias);
+        for case in &fx.generation {
+            let plain = run(&lm, &case.prompt_ids, greedy(48, 0, 1, 1), 4096);
+            for (nodes, adaptive) in [(24, false), (63, false), (24, true)] {
+                let spec = run(&lm, &case.prompt_ids, tree(48, nodes, adaptive), 4096);
+                let what = format!("{} tree of {nodes} nodes, adaptive {adaptive}", case.name);
+                assert_same(alias, &what, &plain, &spec);
+                assert!(spec.stats.draft_tokens <= nodes * spec.stats.steps);
+                if !adaptive {
+                    // Trees were really sent and some branch was really taken.
+                    assert!(
+                        spec.stats.drafted_by_source.model > 0,
+                        "{what}: {:?}",
+                        spec.stats
+                    );
+                    assert!(spec.stats.accepted_tokens > 0, "{what}: {:?}", spec.stats);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn grounded_prompts_accept_drafts_and_stay_identical() {
     let lm = model("smollm2-135m");
@@ -104,6 +140,12 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
         let spec = run(&lm, &prompt, adaptive, 4096);
         assert_same("smollm2-135m", category, &plain, &spec);
         assert!(spec.stats.draft_tokens <= 8 * spec.stats.steps);
+        // A tree keeps the n-gram chain's branches and adds the model's: at least as many
+        // tokens per pass, and never a different output.
+        let t = run(&lm, &prompt, tree(96, 32, false), 4096);
+        assert_same("smollm2-135m", &format!("{category} tree"), &plain, &t);
+        assert!(t.stats.accepted_by_source.ngram > 0, "{:?}", t.stats);
+        assert!(t.stats.steps < plain.stats.steps);
     }
 }
 

@@ -31,6 +31,7 @@ fn config() -> ServerConfig {
             prompt_lookup_min: 1,
             match_policy: drafting::MatchPolicy::Recent,
             adaptive: true,
+            ..Default::default()
         },
     }
 }

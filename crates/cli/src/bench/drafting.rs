@@ -71,13 +71,10 @@ fn replay(turn: &Turn, spec: &SpecConfig, cost: &PassCost) -> Tally {
         let left = turn.output.len() - pos;
         let draft = drafter.propose(left - 1, None);
         let drafted = draft.len();
-        let accepted = draft
-            .iter()
-            .zip(&turn.output[pos..])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let path = draft.follow(&turn.output[pos..]);
+        let accepted = path.len();
         let emitted = accepted + 1;
-        drafter.observe(accepted);
+        drafter.observe(&path);
         drafter.observe_cost(drafted + 1, cost.relative(drafted + 1));
         for &tok in &turn.output[pos..pos + emitted] {
             drafter.push(tok);
@@ -134,6 +131,7 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
                         prompt_lookup_min: min_n,
                         match_policy: policy,
                         adaptive,
+                        ..SpecConfig::default()
                     };
                     spec.validate()?;
                     let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
