@@ -13,9 +13,13 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API routes.
+    /// Require `Authorization: Bearer KEY` on the API routes; repeat for several keys. Each key
+    /// is a tenant: drafts from earlier requests come only from the same key's requests.
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// Tokens of earlier prompts and outputs kept per tenant for drafting trees (0: none).
+    #[arg(long, default_value_t = drafting::DEFAULT_CORPUS_TOKENS)]
+    pub corpus_tokens: usize,
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = 8)]
     pub max_num_seqs: usize,
@@ -53,7 +57,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             .served_model_name
             .clone()
             .unwrap_or_else(|| a.model.clone()),
-        api_key: a.api_key.clone(),
+        api_keys: a.api_key.clone(),
+        corpus_tokens: a.corpus_tokens,
         max_num_seqs: a.max_num_seqs.max(1),
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,

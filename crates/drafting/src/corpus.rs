@@ -12,7 +12,8 @@ use crate::config::NgramConfig;
 use crate::NgramIndex;
 
 /// Default most tokens a corpus holds.
-pub const DEFAULT_CORPUS_TOKENS: usize = 1 << 20;
+/// (The index takes about 100 bytes a token: 256k tokens are some 25 MB per tenant.)
+pub const DEFAULT_CORPUS_TOKENS: usize = 1 << 18;
 
 /// Separates documents in the index; never a real token id (continuations stop at it).
 const SEPARATOR: u32 = u32::MAX - 1;
@@ -20,7 +21,7 @@ const SEPARATOR: u32 = u32::MAX - 1;
 /// Shortest and longest n-gram looked up in a corpus (a single token matches too much of a large
 /// corpus to be worth a row).
 const CORPUS_MIN_N: usize = 2;
-const CORPUS_MAX_N: usize = 8;
+const CORPUS_MAX_N: usize = 4;
 
 /// Documents of one tenant and the index over them.
 #[derive(Debug)]

@@ -257,6 +257,14 @@ impl Sequence {
         }
     }
 
+    /// Lets the drafter draw on a tenant's corpus of earlier requests (used when the method is
+    /// `tree` with the corpus source on).
+    pub fn set_corpus(&mut self, corpus: drafting::SharedCorpus) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.set_corpus(corpus);
+        }
+    }
+
     /// Caps the drafted tokens per step below the configured K (a scheduler's load control).
     pub fn set_draft_limit(&mut self, limit: usize) {
         self.draft_limit = limit;

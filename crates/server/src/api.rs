@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use drafting::SpecOverrides;
 use engine::{FinishReason, GenerationConfig, LoadedModel, Message, SamplingParams, TokenLogprob};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -70,18 +70,29 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Who sent a request: the index of its API key (0 for every request when the server has no
+/// keys). Per-tenant state (the drafting corpus) is kept apart by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant(pub usize);
+
 async fn authorize(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &state.config.api_key {
+    let keys = &state.config.api_keys;
+    if !keys.is_empty() {
         let given = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim());
+        let tenant = given.and_then(|g| keys.iter().position(|k| k == g));
+        if let Some(t) = tenant {
+            request.extensions_mut().insert(Tenant(t));
+        } else {
             state.metrics.count_status(401);
             return ApiError {
                 status: StatusCode::UNAUTHORIZED,
@@ -92,6 +103,8 @@ async fn authorize(
             }
             .into_response();
         }
+    } else {
+        request.extensions_mut().insert(Tenant(0));
     }
     next.run(request).await
 }
@@ -368,6 +381,7 @@ impl Common {
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
@@ -409,7 +423,7 @@ async fn chat_completions(
             .encode_prompt(&prompt)
             .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
         let config = req.common.config(&state, ids.len(), Kind::Chat)?;
-        Ok(respond(&state, ids, config, &req.common, Kind::Chat).await)
+        Ok(respond(&state, tenant, ids, config, &req.common, Kind::Chat).await)
     }
     .await;
     finish(&state, result)
@@ -417,6 +431,7 @@ async fn chat_completions(
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
@@ -445,7 +460,7 @@ async fn completions(
             ));
         }
         let config = req.common.config(&state, ids.len(), Kind::Text)?;
-        Ok(respond(&state, ids, config, &req.common, Kind::Text).await)
+        Ok(respond(&state, tenant, ids, config, &req.common, Kind::Text).await)
     }
     .await;
     finish(&state, result)
@@ -476,6 +491,7 @@ fn finish_reason(r: FinishReason) -> &'static str {
 /// Submits the request to the engine loop and answers, streamed or whole.
 async fn respond(
     state: &Arc<AppState>,
+    tenant: Tenant,
     ids: Vec<u32>,
     config: GenerationConfig,
     common: &Common,
@@ -484,6 +500,7 @@ async fn respond(
     let config_logprobs = config.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
+        tenant,
         prompt: ids,
         config,
         events: tx,

@@ -14,7 +14,11 @@ use std::sync::Arc;
 pub struct ServerConfig {
     /// The name clients use in `model` (the alias or file name it was started with).
     pub model_name: String,
-    pub api_key: Option<String>,
+    /// Keys accepted in `Authorization: Bearer KEY` (none: no authentication). Each key is one
+    /// tenant: drafts from earlier requests (the corpus source) come only from the same key's.
+    pub api_keys: Vec<String>,
+    /// Tokens of earlier prompts and outputs kept per tenant for drafting (0: no corpus).
+    pub corpus_tokens: usize,
     pub max_num_seqs: usize,
     /// Requests waiting beyond `max_num_seqs` before new ones get 429.
     pub max_queue: usize,

@@ -20,7 +20,8 @@ fn model() -> Arc<LoadedModel> {
 fn config() -> ServerConfig {
     ServerConfig {
         model_name: "smollm2-135m".into(),
-        api_key: None,
+        api_keys: Vec::new(),
+        corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         max_num_seqs: 16,
         max_queue: 64,
         max_model_len: 2048,
@@ -302,7 +303,7 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_is_required_when_set() {
     let mut c = config();
-    c.api_key = Some("sekret".into());
+    c.api_keys = vec!["sekret".into()];
     let base = start(c).await;
     let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
     assert_error(s, &v, 401);
@@ -330,6 +331,85 @@ async fn api_key_is_required_when_set() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+/// Corpus drafts stay within a tenant: a request repeated under the same key drafts from the
+/// first one's prompt and output, the same request under another key gets nothing from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corpus_drafts_never_cross_api_keys() {
+    let mut c = config();
+    c.api_keys = vec!["alice".into(), "bob".into()];
+    let base = start(c).await;
+    let mut body = chat(
+        "Name three colours of the rainbow, then three planets of the solar system.",
+        40,
+    );
+    // Only the corpus source, every node sent: what it drafts is what it found.
+    body["speculative_config"] =
+        json!({"method": "tree", "tree_sources": ["corpus"], "adaptive": false});
+    let ask = |key: &'static str| {
+        let (base, body) = (base.clone(), body.clone());
+        async move {
+            let r = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let v: Value = r.json().await.unwrap();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let corpus_counts = || {
+        let base = base.clone();
+        async move {
+            let text = client()
+                .get(format!("{base}/metrics"))
+                .bearer_auth("alice")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let get = |name: &str| -> u64 {
+                let key = format!("{name}{{source=\"corpus\"}} ");
+                let line = text.lines().find(|l| l.starts_with(&key)).expect(&key);
+                line[key.len()..].parse().unwrap()
+            };
+            (
+                get("pld_spec_decode_draft_tokens_by_source_total"),
+                get("pld_spec_decode_accepted_tokens_by_source_total"),
+            )
+        }
+    };
+    let first = ask("alice").await;
+    assert_eq!(
+        corpus_counts().await,
+        (0, 0),
+        "an empty corpus drafts nothing"
+    );
+    // Bob's corpus is still empty: Alice's request must not reach it.
+    let bob = ask("bob").await;
+    assert_eq!(
+        corpus_counts().await,
+        (0, 0),
+        "alice's text drafted for bob"
+    );
+    assert_eq!(bob, first, "greedy output is the same for both");
+    // Alice again: her first request is now in her corpus, and it is copied.
+    let again = ask("alice").await;
+    assert_eq!(again, first);
+    let (drafted, accepted) = corpus_counts().await;
+    assert!(
+        drafted > 0 && accepted > 0,
+        "drafted {drafted}, accepted {accepted}"
     );
 }
 
