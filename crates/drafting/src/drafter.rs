@@ -217,9 +217,10 @@ impl Drafter {
         }
     }
 
-    /// Records the model's most likely tokens (best first) after the input `token` of a row.
-    pub fn record_prediction(&mut self, token: u32, top: &[u32]) {
-        self.predictions.record(token, top);
+    /// Records the model's most likely tokens (best first) after the input `token` of a row,
+    /// whose own input before it was `prev` (on the row's path; `None` if there is none).
+    pub fn record_prediction(&mut self, prev: Option<u32>, token: u32, top: &[u32]) {
+        self.predictions.record(prev, token, top);
     }
 
     /// The draft for the next pass: at most `limit` nodes, at most K deep (and for a tree at most
@@ -261,14 +262,15 @@ impl Drafter {
         }
     }
 
-    /// The candidate children of `node` (holding `token` at `depth`, with probability `p`) from
-    /// the model's prediction table.
-    fn push_predictions(&mut self, node: u32, token: u32, depth: usize, p: f64) {
+    /// The candidate children of `node` (holding `token` after `prev`, at `depth`, with
+    /// probability `p`) from the model's prediction table.
+    fn push_predictions(&mut self, node: u32, prev: Option<u32>, token: u32, depth: usize, p: f64) {
         if !self.sources.model {
             return;
         }
-        for rank in 0..self.predictions.get(token).len() {
-            let t = self.predictions.get(token)[rank];
+        let count = self.predictions.get(prev, token).len();
+        for rank in 0..count {
+            let t = self.predictions.get(prev, token)[rank];
             let r = self.rates.rate(Source::Model, rank, depth + 1);
             self.push_candidate(Candidate {
                 p: p * r,
@@ -323,7 +325,8 @@ impl Drafter {
                 run: Some((i as u32, 0)),
             });
         }
-        self.push_predictions(ROOT, last, 0, 1.0);
+        let before_last = self.index.tokens().iter().rev().nth(1).copied();
+        self.push_predictions(ROOT, before_last, last, 0, 1.0);
 
         // Best first: a node's probability is at most its parent's, so the chosen set is closed
         // under parents. Add while a node pays for its row at the current rate of tokens per cost.
@@ -370,7 +373,11 @@ impl Drafter {
             }
             if !self.expanded[node] {
                 self.expanded[node] = true;
-                self.push_predictions(node as u32, c.token, depth, c.p);
+                let prev = match c.parent {
+                    ROOT => last,
+                    p => self.tree.tokens()[p as usize],
+                };
+                self.push_predictions(node as u32, Some(prev), c.token, depth, c.p);
             }
         }
         if !self.adaptive {
@@ -545,8 +552,8 @@ mod tests {
         let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]).unwrap();
         assert_eq!(d.wants_predictions(), 4);
         assert!(d.propose(8, None).is_empty(), "nothing recorded yet");
-        d.record_prediction(7, &[8, 9]);
-        d.record_prediction(8, &[10]);
+        d.record_prediction(None, 7, &[8, 9]);
+        d.record_prediction(None, 8, &[10]);
         let t = d.propose(8, None).clone();
         let mut tokens = t.tokens().to_vec();
         tokens.sort();
@@ -571,7 +578,7 @@ mod tests {
     fn costly_rows_shrink_the_tree() {
         let mut d =
             Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]).unwrap();
-        d.record_prediction(2, &[3, 4, 5, 6]);
+        d.record_prediction(None, 2, &[3, 4, 5, 6]);
         let cheap = d.propose(8, Some(0.02)).len();
         let dear = d.propose(8, Some(0.3)).len();
         assert!(cheap > dear, "{cheap} nodes at 0.02, {dear} at 0.3");

@@ -2,10 +2,12 @@
 //!
 //! Every row of a verification pass yields logits for the token after that row's input, whether
 //! or not the row ends up on the accepted path. The engine hands the top few candidate ids of each
-//! row to [`PredictionTable::record`], keyed by the row's input token, so the table holds, for each
-//! token seen as an input, what the model most recently thought could follow it. Expanding the
-//! table breadth-first from the last token gives a draft tree at no model cost. The table grows
-//! only with the distinct tokens actually seen (a few KB for a typical generation).
+//! row to [`PredictionTable::record`], keyed by the row's input token and by the pair of it and the
+//! token before it, so the table holds, for each token (and pair) seen as an input, what the model
+//! most recently thought could follow. A lookup prefers the pair, which pins the context down
+//! much better than one token, and falls back to the token alone. Expanding the table
+//! breadth-first from the last token gives a draft tree at no model cost. The table grows only
+//! with the distinct tokens and pairs actually seen (a few KB for a typical generation).
 
 use std::collections::HashMap;
 
@@ -19,6 +21,11 @@ const EMPTY: u32 = u32::MAX;
 pub struct PredictionTable {
     k: usize,
     table: HashMap<u32, [u32; MAX_TREE_TOP_K]>,
+    pairs: HashMap<u64, [u32; MAX_TREE_TOP_K]>,
+}
+
+fn pair(prev: u32, token: u32) -> u64 {
+    u64::from(prev) << 32 | u64::from(token)
 }
 
 impl PredictionTable {
@@ -27,6 +34,7 @@ impl PredictionTable {
         PredictionTable {
             k: k.clamp(1, MAX_TREE_TOP_K),
             table: HashMap::new(),
+            pairs: HashMap::new(),
         }
     }
 
@@ -35,18 +43,26 @@ impl PredictionTable {
         self.k
     }
 
-    /// Replaces what follows `token` with `top` (most likely first; at most `k` are kept).
-    pub fn record(&mut self, token: u32, top: &[u32]) {
+    /// Replaces what follows `token` (preceded by `prev`, where known) with `top` (most likely
+    /// first; at most `k` are kept).
+    pub fn record(&mut self, prev: Option<u32>, token: u32, top: &[u32]) {
         let mut row = [EMPTY; MAX_TREE_TOP_K];
         for (slot, &t) in row.iter_mut().zip(top.iter().take(self.k)) {
             *slot = t;
         }
         self.table.insert(token, row);
+        if let Some(p) = prev {
+            self.pairs.insert(pair(p, token), row);
+        }
     }
 
-    /// The candidates after `token`, most likely first (empty if it was never an input).
-    pub fn get(&self, token: u32) -> &[u32] {
-        match self.table.get(&token) {
+    /// The candidates after `token` preceded by `prev`, most likely first: those recorded for the
+    /// pair, else those for `token` alone (empty if it was never an input).
+    pub fn get(&self, prev: Option<u32>, token: u32) -> &[u32] {
+        let row = prev
+            .and_then(|p| self.pairs.get(&pair(p, token)))
+            .or_else(|| self.table.get(&token));
+        match row {
             Some(row) => {
                 let n = row.iter().take(self.k).take_while(|&&t| t != EMPTY).count();
                 &row[..n]
@@ -72,12 +88,22 @@ mod tests {
     #[test]
     fn keeps_the_latest_top_k() {
         let mut t = PredictionTable::new(2);
-        assert!(t.get(5).is_empty());
-        t.record(5, &[1, 2, 3]);
-        assert_eq!(t.get(5), [1, 2]);
-        t.record(5, &[9]);
-        assert_eq!(t.get(5), [9], "a newer row replaces the old one");
+        assert!(t.get(None, 5).is_empty());
+        t.record(None, 5, &[1, 2, 3]);
+        assert_eq!(t.get(None, 5), [1, 2]);
+        t.record(None, 5, &[9]);
+        assert_eq!(t.get(Some(4), 5), [9], "a newer row replaces the old one");
         assert_eq!(t.len(), 1);
+        // A pair seen before wins over the token alone.
+        t.record(Some(7), 5, &[6]);
+        t.record(Some(8), 5, &[3]);
+        assert_eq!(t.get(Some(7), 5), [6]);
+        assert_eq!(t.get(Some(8), 5), [3]);
+        assert_eq!(
+            t.get(Some(1), 5),
+            [3],
+            "unknown pair: the token's latest row"
+        );
         assert_eq!(PredictionTable::new(99).k(), MAX_TREE_TOP_K);
     }
 }

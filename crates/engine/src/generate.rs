@@ -529,8 +529,18 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     d.observe(&verdict.path);
                     let k = d.wants_predictions();
                     if k > 0 {
+                        // Row 0's input is the last committed token; a node's input follows
+                        // its parent's.
+                        let before_last = seq.tokens.len().checked_sub(2).map(|i| seq.tokens[i]);
                         for (i, r) in rows.chunks_exact(vocab).enumerate() {
-                            d.record_prediction(toks[i], &top_ids(r, k));
+                            let prev = match i {
+                                0 => before_last,
+                                _ => Some(match tree.parents()[i - 1] {
+                                    drafting::ROOT => toks[0],
+                                    p => toks[p as usize + 1],
+                                }),
+                            };
+                            d.record_prediction(prev, toks[i], &top_ids(r, k));
                         }
                     }
                     // Timings vary from run to run: they may steer draft lengths only where the
