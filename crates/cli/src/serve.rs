@@ -35,6 +35,14 @@ pub struct ServeArgs {
     /// The model name clients send (default: the --model argument).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Allow browsers on this origin to call the API (CORS; `*` for any); repeat for several.
+    /// Without it no CORS headers are sent.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allowed_origin: Vec<String>,
+    /// Log and ignore request fields pld cannot honour (unknown fields, `logit_bias`, ...)
+    /// instead of answering 400.
+    #[arg(long)]
+    pub lenient: bool,
     #[arg(long)]
     pub threads: Option<usize>,
     #[command(flatten)]
@@ -64,6 +72,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_model_len: ctx,
         max_body_bytes: a.max_body_bytes,
         spec,
+        cors_origins: a.allowed_origin.clone(),
+        lenient: a.lenient,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

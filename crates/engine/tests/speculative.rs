@@ -223,6 +223,9 @@ fn edge_cases_end_where_plain_decoding_ends() {
     assert_same(alias, "full context", &plain, &spec);
     assert_eq!(spec.finish_reason, FinishReason::Length);
     assert!(code.len() + spec.token_ids.len() <= ctx);
+    // A tree's nodes each take a cache slot: near the end it must shrink to what fits.
+    let spec = run(&lm, &code, tree(200, 32, false), ctx);
+    assert_same(alias, "full context, tree", &plain, &spec);
 }
 
 /// Log-probabilities come from the logit row that predicted each token; a verification pass
@@ -241,6 +244,18 @@ fn logprobs_are_identical_with_and_without_speculation() {
     assert_same("smollm2-135m", "logprobs", &plain, &spec);
     assert!(spec.stats.accepted_tokens > 0, "drafts were accepted");
     assert_eq!(plain.logprobs, spec.logprobs);
+    // Through a tree: each token's row is its parent node's, wherever that sat in the pass.
+    let t = run(
+        &lm,
+        &prompt,
+        GenerationConfig {
+            logprobs: Some(3),
+            ..tree(32, 24, false)
+        },
+        4096,
+    );
+    assert!(t.stats.accepted_tokens > 0, "tree drafts were accepted");
+    assert_eq!(plain.logprobs, t.logprobs);
     let ended_by_eos = plain.finish_reason == FinishReason::Stop;
     assert_eq!(
         plain.logprobs.len() + usize::from(ended_by_eos),

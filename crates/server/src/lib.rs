@@ -26,6 +26,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Speculation defaults (each request may override them, see `SpecConfig::merge`).
     pub spec: drafting::SpecConfig,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// Log and ignore request fields pld cannot honour instead of refusing them.
+    pub lenient: bool,
 }
 
 /// Everything the handlers share.
@@ -34,6 +38,8 @@ pub struct AppState {
     pub config: ServerConfig,
     pub scheduler: scheduler::Scheduler,
     pub metrics: Arc<metrics::Metrics>,
+    /// Bytes of the tokenizer's longest token (for the prompt-length pre-check).
+    pub longest_token_bytes: usize,
 }
 
 /// Starts the engine loop and returns the router serving the API.
@@ -41,6 +47,7 @@ pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
     let metrics = Arc::new(metrics::Metrics::default());
     let scheduler = scheduler::Scheduler::start(lm.clone(), &config, metrics.clone());
     let state = Arc::new(AppState {
+        longest_token_bytes: lm.tokenizer.longest_token_bytes(),
         lm,
         config,
         scheduler,

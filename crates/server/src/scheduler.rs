@@ -167,7 +167,16 @@ fn engine_loop(
             }
         }
         // Cancellation: a closed channel means the client is gone.
-        running.retain(|r| !r.events.is_closed());
+        running.retain(|r| {
+            let gone = r.events.is_closed();
+            if gone {
+                // What a cancelled request generated was still generated.
+                metrics
+                    .generation_tokens
+                    .fetch_add(r.seq.generated_tokens().len() as u64, Ordering::Relaxed);
+            }
+            !gone
+        });
         metrics
             .running
             .store(running.len() as u64, Ordering::Relaxed);

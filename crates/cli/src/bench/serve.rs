@@ -99,6 +99,8 @@ fn server_config(name: &str, ctx: usize, max_seqs: usize, s: SpecConfig) -> serv
         max_model_len: ctx,
         max_body_bytes: 16 << 20,
         spec: s,
+        cors_origins: Vec::new(),
+        lenient: false,
     }
 }
 
