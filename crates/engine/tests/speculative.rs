@@ -116,6 +116,33 @@ fn tree_drafts_give_plain_greedy_output() {
     }
 }
 
+/// Trees and chains of different sequences share passes as the server batches them: each
+/// sequence's output is still its plain greedy output.
+#[test]
+fn trees_and_chains_batched_together_stay_exact() {
+    let lm = model("smollm2-135m");
+    let prompts = [
+        grounded_prompt(&lm, "code_edit"),
+        grounded_prompt(&lm, "json_extraction"),
+        grounded_prompt(&lm, "code_edit"),
+    ];
+    let configs = [tree(64, 24, false), greedy(64, 8, 1, 3), tree(64, 8, true)];
+    let mut seqs: Vec<engine::Sequence> = prompts
+        .iter()
+        .zip(&configs)
+        .map(|(p, c)| engine::Sequence::new(&lm.model, p.clone(), c.clone(), 4096).unwrap())
+        .collect();
+    while seqs.iter().any(|s| !s.is_finished()) {
+        let mut refs: Vec<&mut engine::Sequence> = seqs.iter_mut().collect();
+        engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
+    }
+    for (i, (seq, prompt)) in seqs.into_iter().zip(&prompts).enumerate() {
+        let plain = run(&lm, prompt, greedy(64, 0, 1, 1), 4096);
+        let out = seq.into_output();
+        assert_eq!(plain.token_ids, out.token_ids, "sequence {i} of the batch");
+    }
+}
+
 #[test]
 fn grounded_prompts_accept_drafts_and_stay_identical() {
     let lm = model("smollm2-135m");
