@@ -103,23 +103,34 @@ impl GenerateArgs {
     }
 }
 
+/// `--json`'s `speculation` object: the settings and what speculation did.
+#[derive(serde::Serialize)]
+struct SpeculationOutput {
+    #[serde(flatten)]
+    settings: SpeculationReport,
+    steps: usize,
+    draft_tokens: usize,
+    accepted_tokens: usize,
+    acceptance_rate: f64,
+    mean_accepted_tokens: f64,
+    propose_us_per_step: f64,
+    drafted_by_source: engine::BySource,
+    accepted_by_source: engine::BySource,
+}
+
 pub fn output_json(out: &GenerationOutput, spec: &SpecConfig) -> serde_json::Value {
-    let mut speculation =
-        serde_json::to_value(SpeculationReport::from(spec)).expect("plain data serializes");
-    speculation.as_object_mut().expect("an object").extend([
-        ("steps".into(), json!(out.stats.steps)),
-        ("draft_tokens".into(), json!(out.stats.draft_tokens)),
-        ("accepted_tokens".into(), json!(out.stats.accepted_tokens)),
-        ("acceptance_rate".into(), json!(out.stats.acceptance_rate())),
-        (
-            "mean_accepted_tokens".into(),
-            json!(out.stats.mean_accepted_tokens()),
-        ),
-        (
-            "propose_us_per_step".into(),
-            json!(out.stats.propose_us_per_step()),
-        ),
-    ]);
+    let s = &out.stats;
+    let speculation = SpeculationOutput {
+        settings: SpeculationReport::from(spec),
+        steps: s.steps,
+        draft_tokens: s.draft_tokens,
+        accepted_tokens: s.accepted_tokens,
+        acceptance_rate: s.acceptance_rate(),
+        mean_accepted_tokens: s.mean_accepted_tokens(),
+        propose_us_per_step: s.propose_us_per_step(),
+        drafted_by_source: s.drafted_by_source,
+        accepted_by_source: s.accepted_by_source,
+    };
     json!({
         "text": out.text,
         "token_ids": out.token_ids,

@@ -13,9 +13,13 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API routes.
+    /// Require `Authorization: Bearer KEY` on the API routes; repeat for several keys. Each key
+    /// is a tenant: drafts from earlier requests come only from the same key's requests.
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// Tokens of earlier prompts and outputs kept per tenant for drafting trees (0: none).
+    #[arg(long, default_value_t = drafting::DEFAULT_CORPUS_TOKENS)]
+    pub corpus_tokens: usize,
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = 8)]
     pub max_num_seqs: usize,
@@ -31,6 +35,14 @@ pub struct ServeArgs {
     /// The model name clients send (default: the --model argument).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Allow browsers on this origin to call the API (CORS; `*` for any); repeat for several.
+    /// Without it no CORS headers are sent.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allowed_origin: Vec<String>,
+    /// Log and ignore request fields pld cannot honour (unknown fields, `logit_bias`, ...)
+    /// instead of answering 400.
+    #[arg(long)]
+    pub lenient: bool,
     #[arg(long)]
     pub threads: Option<usize>,
     #[command(flatten)]
@@ -53,12 +65,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             .served_model_name
             .clone()
             .unwrap_or_else(|| a.model.clone()),
-        api_key: a.api_key.clone(),
+        api_keys: a.api_key.clone(),
+        corpus_tokens: a.corpus_tokens,
         max_num_seqs: a.max_num_seqs.max(1),
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,
         max_body_bytes: a.max_body_bytes,
         spec,
+        cors_origins: a.allowed_origin.clone(),
+        lenient: a.lenient,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -3,7 +3,7 @@
 //! defaults by `SpecConfig::merge`, the same rule the server applies to a request.
 
 use clap::Args;
-use drafting::{MatchPolicy, SpecConfig, SpecOverrides};
+use drafting::{MatchPolicy, SpecConfig, SpecOverrides, TreeSources};
 
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
@@ -22,9 +22,23 @@ pub struct SpecArgs {
     /// Which earlier occurrence to copy from: recent, earliest or longest.
     #[arg(long, value_name = "POLICY")]
     pub match_policy: Option<MatchPolicy>,
-    /// Always send all K proposed tokens, instead of as many as are expected to pay off.
+    /// Always send all K proposed tokens (or tree nodes), instead of as many as are expected to
+    /// pay off.
     #[arg(long)]
     pub fixed_draft: bool,
+    /// How to draft: `ngram` (one prompt-lookup chain, vLLM's method) or `tree` (a draft tree from
+    /// the n-gram index, the model's own earlier predictions and, in the server, earlier requests).
+    #[arg(long, value_name = "METHOD")]
+    pub spec_method: Option<String>,
+    /// Most nodes of a draft tree (method tree, 1-63).
+    #[arg(long, value_name = "N")]
+    pub tree_max_nodes: Option<usize>,
+    /// Candidates per token kept from the model's predictions (method tree, 1-8).
+    #[arg(long, value_name = "K")]
+    pub tree_top_k: Option<usize>,
+    /// Sources of a draft tree, comma-separated: ngram, model, corpus (method tree).
+    #[arg(long, value_name = "LIST")]
+    pub tree_sources: Option<TreeSources>,
     /// vLLM-style JSON, e.g. '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3,"prompt_lookup_min":1}'.
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
@@ -40,7 +54,7 @@ impl SpecArgs {
             .transpose()
             .map_err(|e| anyhow::anyhow!("--speculative-config is not valid: {e}"))?;
         let flags = SpecOverrides {
-            method: None,
+            method: self.spec_method.clone(),
             num_speculative_tokens: if self.no_spec {
                 Some(0)
             } else {
@@ -50,6 +64,9 @@ impl SpecArgs {
             prompt_lookup_min: self.prompt_lookup_min,
             match_policy: self.match_policy,
             adaptive: self.fixed_draft.then_some(false),
+            tree_max_nodes: self.tree_max_nodes,
+            tree_top_k: self.tree_top_k,
+            tree_sources: self.tree_sources,
         };
         SpecConfig::default()
             .merge(speculative_config.as_ref(), &flags)

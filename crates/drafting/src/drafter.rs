@@ -1,43 +1,195 @@
-//! The drafting policy of one sequence, in one place: where drafts come from (the n-gram index over
-//! the sequence), how many of the proposed tokens to send (the [`DraftLength`] controller, priced
-//! by the pass cost), and what is learned from each verified outcome.
+//! The drafting policy of one sequence, in one place: where drafts come from, how many of the
+//! proposed tokens to send (priced by the pass cost), and what is learned from each verified
+//! outcome.
+//!
+//! Method `ngram` drafts one chain from the n-gram index over the sequence, cut by the
+//! [`DraftLength`] controller. Method `tree` grows a [`DraftTree`] from up to three sources: every
+//! earlier continuation of the suffix n-grams in the sequence, the model's own earlier predictions
+//! ([`PredictionTable`]), and a tenant's [`Corpus`] of earlier requests. Each candidate node gets
+//! an estimated probability of being accepted (the product, down its path, of decayed acceptance
+//! rates per source, class and depth); nodes are added best first while a node's probability pays
+//! for its row at the current price, so a tree grows when passes are cheap and shrinks to a chain
+//! or to nothing when they are not.
 //!
 //! The engine's `step` and the offline drafting study drive the same [`Drafter`] through the same
-//! four calls per step: [`propose`](Drafter::propose) under a price, then (after verification)
-//! [`observe`](Drafter::observe) the accepted count, [`push`](Drafter::push) the tokens that were
-//! emitted, and, where timings are trusted, [`observe_cost`](Drafter::observe_cost).
+//! calls per step: [`propose`](Drafter::propose) under a price, then (after verification)
+//! [`observe`](Drafter::observe) the accepted path, [`push`](Drafter::push) the tokens that were
+//! emitted, and, where timings are trusted, [`observe_cost`](Drafter::observe_cost); the engine
+//! also hands each verified row's top candidates to [`record_prediction`](Drafter::record_prediction).
 
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex};
+
+use crate::corpus::Corpus;
 use crate::length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
-use crate::spec_config::{SpecConfig, SpecError};
-use crate::NgramIndex;
+use crate::predictions::PredictionTable;
+use crate::spec_config::{SpecConfig, SpecError, SpecMethod, TreeSources, MAX_TREE_TOP_K};
+use crate::tree::{DraftTree, Source, ROOT};
+use crate::{NgramIndex, MAX_NGRAM};
 
-/// One sequence's drafter: the sequence so far, indexed, and the draft-length controller.
+/// A tenant's corpus, shared by its sequences.
+pub type SharedCorpus = Arc<Mutex<Corpus>>;
+
+/// Earlier occurrences looked at per source and step.
+const MAX_OCCURRENCES: usize = 8;
+/// Classes per source: the n-gram size for `ngram` and `corpus`, the rank for `model`.
+const CLASSES: usize = if MAX_NGRAM + 1 > MAX_TREE_TOP_K {
+    MAX_NGRAM + 1
+} else {
+    MAX_TREE_TOP_K
+};
+/// Depths told apart by the estimates (deeper nodes share the last).
+const DEPTHS: usize = 8;
+/// Decay of a rate's counts per observation.
+const RATE_DECAY: f64 = 0.98;
+/// Weight of a rate's prior, in observations.
+const PRIOR_WEIGHT: f64 = 2.0;
+/// The smallest expected gain (tokens per unit of pass cost, over one) for which a tree is sent.
+const MIN_GAIN: f64 = 0.1;
+const FIRST_PROBE_GAP: u32 = 8;
+const MAX_PROBE_GAP: u32 = 512;
+
+/// Decayed counts of tried and accepted nodes per (source, class, depth): the estimated
+/// probability that a node is accepted once its parent is.
+#[derive(Clone, Debug)]
+struct TreeRates {
+    accepted: Vec<f64>,
+    tried: Vec<f64>,
+}
+
+impl TreeRates {
+    fn new() -> Self {
+        let cells = Source::ALL.len() * CLASSES * DEPTHS;
+        TreeRates {
+            accepted: vec![0.0; cells],
+            tried: vec![0.0; cells],
+        }
+    }
+
+    fn cell(source: Source, class: usize, depth: usize) -> usize {
+        let class = class.min(CLASSES - 1);
+        let depth = depth.clamp(1, DEPTHS) - 1;
+        (source.index() * CLASSES + class) * DEPTHS + depth
+    }
+
+    /// A prior guess: a long n-gram match predicts well, a single token less; the model's first
+    /// candidate is right about as often as not on grounded text, later ranks much less.
+    fn prior(source: Source, class: usize) -> f64 {
+        match source {
+            Source::Ngram | Source::Corpus => match class {
+                0 | 1 => 0.3,
+                2 => 0.45,
+                _ => 0.6,
+            },
+            Source::Model => 0.4 / (1.0 + 2.0 * class as f64),
+        }
+    }
+
+    fn rate(&self, source: Source, class: usize, depth: usize) -> f64 {
+        let c = Self::cell(source, class, depth);
+        (self.accepted[c] + PRIOR_WEIGHT * Self::prior(source, class))
+            / (self.tried[c] + PRIOR_WEIGHT)
+    }
+
+    fn observe(&mut self, source: Source, class: usize, depth: usize, accepted: bool) {
+        let c = Self::cell(source, class, depth);
+        self.accepted[c] = self.accepted[c] * RATE_DECAY + f64::from(u8::from(accepted));
+        self.tried[c] = self.tried[c] * RATE_DECAY + 1.0;
+    }
+}
+
+/// A node waiting to join the tree, ordered by its estimated probability of acceptance.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    p: f64,
+    parent: u32,
+    token: u32,
+    source: Source,
+    class: u8,
+    depth: u16,
+    /// The copied run it comes from and its offset there (n-gram and corpus candidates).
+    run: Option<(u32, u16)>,
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.p == other.p
+    }
+}
+impl Eq for Candidate {}
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.p.total_cmp(&other.p)
+    }
+}
+
+/// One sequence's drafter: the sequence so far, indexed, the sources and estimates of its method.
 #[derive(Clone, Debug)]
 pub struct Drafter {
     index: NgramIndex,
     length: DraftLength,
-    /// Most tokens drafted per step (K).
+    /// Most tokens drafted per step (K): a chain's length, a tree's depth.
     max_tokens: usize,
     adaptive: bool,
+    method: SpecMethod,
+    max_nodes: usize,
+    sources: TreeSources,
     /// The draft of the current step.
-    draft: Vec<u32>,
-    /// Size of the n-gram match behind `draft`.
+    tree: DraftTree,
+    /// Size of the n-gram match behind a chain draft.
     draft_match: usize,
+    /// Per node of a tree draft: its class for the estimates.
+    classes: Vec<u8>,
+    predictions: PredictionTable,
+    corpus: Option<SharedCorpus>,
+    rates: TreeRates,
+    /// Steps since a tree was sent, and the gap after which a one-node probe goes out.
+    since_draft: u32,
+    probe_gap: u32,
+    probing: bool,
+    // Scratch of the tree builder.
+    runs: Vec<(Vec<u32>, Source, u8)>,
+    heap: BinaryHeap<Candidate>,
+    expanded: Vec<bool>,
 }
 
 impl Drafter {
     /// Begins drafting over `prompt` with the given settings (which must have speculation on to
     /// draft anything; K = 0 gives a drafter that never proposes).
     pub fn new(config: &SpecConfig, prompt: &[u32]) -> Result<Self, SpecError> {
+        config.validate()?;
         let ngram = config.ngram()?;
         Ok(Drafter {
             index: NgramIndex::with_tokens(ngram, prompt),
             length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
             max_tokens: config.num_speculative_tokens,
             adaptive: config.adaptive,
-            draft: Vec::with_capacity(config.num_speculative_tokens),
+            method: config.method,
+            max_nodes: config.tree_max_nodes.min(crate::tree::MAX_NODES),
+            sources: config.tree_sources,
+            tree: DraftTree::new(),
             draft_match: 0,
+            classes: Vec::new(),
+            predictions: PredictionTable::new(config.tree_top_k),
+            corpus: None,
+            rates: TreeRates::new(),
+            since_draft: 0,
+            probe_gap: FIRST_PROBE_GAP,
+            probing: false,
+            runs: Vec::new(),
+            heap: BinaryHeap::new(),
+            expanded: Vec::new(),
         })
+    }
+
+    /// Drafts also from `corpus` (method `tree` with the corpus source on).
+    pub fn set_corpus(&mut self, corpus: SharedCorpus) {
+        self.corpus = Some(corpus);
     }
 
     /// The sequence as the drafter knows it (prompt and emitted tokens).
@@ -55,39 +207,241 @@ impl Drafter {
         self.index.truncate(len);
     }
 
-    /// The draft for the next pass: at most `limit` tokens (and at most K). With adaptive drafting
-    /// it is cut to the length expected to pay for its rows at `price` (the cost of a drafted row
-    /// in plain tokens, as a scheduler measured it for this batch; `None` uses the drafter's own
-    /// estimate from [`observe_cost`](Self::observe_cost)). Empty when nothing is worth sending.
-    pub fn propose(&mut self, limit: usize, price: Option<f64>) -> &[u32] {
-        self.draft.clear();
-        self.draft_match = 0;
-        let k = self.max_tokens.min(limit);
-        if k == 0 {
-            return &self.draft;
+    /// How many top candidates per verified row the drafter wants through
+    /// [`record_prediction`](Self::record_prediction) (0: none, the model source is off).
+    pub fn wants_predictions(&self) -> usize {
+        if self.method == SpecMethod::Tree && self.sources.model && self.max_tokens > 0 {
+            self.predictions.k()
+        } else {
+            0
         }
-        if let Some(m) = self.index.propose(k, &mut self.draft) {
-            self.draft_match = m.n;
-            if self.adaptive {
-                let price = price.unwrap_or(self.length.alpha());
-                self.draft
-                    .truncate(self.length.choose_at_cost(price, m.n, self.draft.len()));
-            }
-        }
-        &self.draft
     }
 
-    /// Records the verified outcome of the last proposal: its first `accepted` tokens were kept.
-    /// A step whose proposal was empty counts as a step without a draft.
-    pub fn observe(&mut self, accepted: usize) {
-        let drafted = self.draft.len();
-        if drafted == 0 {
-            self.length.idle();
-        } else {
-            self.length
-                .observe(self.draft_match, drafted, accepted.min(drafted));
+    /// Records the model's most likely tokens (best first) after the input `token` of a row,
+    /// whose own input before it was `prev` (on the row's path; `None` if there is none).
+    pub fn record_prediction(&mut self, prev: Option<u32>, token: u32, top: &[u32]) {
+        self.predictions.record(prev, token, top);
+    }
+
+    /// The draft for the next pass: at most `limit` nodes, at most K deep (and for a tree at most
+    /// `tree_max_nodes` nodes). With adaptive drafting it is cut to what is expected to pay for
+    /// its rows at `price` (the cost of a drafted row in plain tokens, as a scheduler measured it
+    /// for this batch; `None` uses the drafter's own estimate from
+    /// [`observe_cost`](Self::observe_cost)). Empty when nothing is worth sending.
+    pub fn propose(&mut self, limit: usize, price: Option<f64>) -> &DraftTree {
+        self.tree.clear();
+        self.classes.clear();
+        self.draft_match = 0;
+        self.probing = false;
+        let k = self.max_tokens.min(limit);
+        if k == 0 {
+            return &self.tree;
         }
-        self.draft.clear();
+        let price = price.unwrap_or(self.length.alpha());
+        match self.method {
+            SpecMethod::Ngram => self.propose_chain(k, price),
+            SpecMethod::Tree => self.propose_tree(k, limit.min(self.max_nodes), price),
+        }
+        &self.tree
+    }
+
+    fn propose_chain(&mut self, k: usize, price: f64) {
+        let mut draft = Vec::with_capacity(k);
+        if let Some(m) = self.index.propose(k, &mut draft) {
+            self.draft_match = m.n;
+            if self.adaptive {
+                draft.truncate(self.length.choose_at_cost(price, m.n, draft.len()));
+            }
+        }
+        self.tree = DraftTree::chain(&draft, Source::Ngram);
+    }
+
+    fn push_candidate(&mut self, c: Candidate) {
+        if c.p > 0.0 {
+            self.heap.push(c);
+        }
+    }
+
+    /// The candidate children of `node` (holding `token` after `prev`, at `depth`, with
+    /// probability `p`) from the model's prediction table.
+    fn push_predictions(&mut self, node: u32, prev: Option<u32>, token: u32, depth: usize, p: f64) {
+        if !self.sources.model {
+            return;
+        }
+        let count = self.predictions.get(prev, token).len();
+        for rank in 0..count {
+            let t = self.predictions.get(prev, token)[rank];
+            let r = self.rates.rate(Source::Model, rank, depth + 1);
+            self.push_candidate(Candidate {
+                p: p * r,
+                parent: node,
+                token: t,
+                source: Source::Model,
+                class: rank as u8,
+                depth: (depth + 1) as u16,
+                run: None,
+            });
+        }
+    }
+
+    fn propose_tree(&mut self, k: usize, max_nodes: usize, price: f64) {
+        self.heap.clear();
+        self.runs.clear();
+        self.expanded.clear();
+        let Some(&last) = self.index.tokens().last() else {
+            return;
+        };
+        // Copied runs: every earlier continuation of the suffix, in the sequence and the corpus.
+        if self.sources.ngram {
+            let tokens = self.index.tokens();
+            let runs = &mut self.runs;
+            self.index.for_each_occurrence(MAX_OCCURRENCES, |n, from| {
+                let end = (from + k).min(tokens.len());
+                runs.push((tokens[from..end].to_vec(), Source::Ngram, n as u8));
+                true
+            });
+        }
+        if let (true, Some(corpus)) = (self.sources.corpus, self.corpus.as_ref()) {
+            let corpus = corpus.lock().unwrap_or_else(|e| e.into_inner());
+            let tokens = self.index.tokens();
+            let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
+            let runs = &mut self.runs;
+            corpus.for_each_continuation(suffix, k, MAX_OCCURRENCES, |n, run| {
+                runs.push((run.to_vec(), Source::Corpus, n as u8));
+                true
+            });
+        }
+        for i in 0..self.runs.len() {
+            let (run, source, class) = &self.runs[i];
+            let (token, source, class) = (run[0], *source, *class);
+            let p = self.rates.rate(source, class as usize, 1);
+            self.push_candidate(Candidate {
+                p,
+                parent: ROOT,
+                token,
+                source,
+                class,
+                depth: 1,
+                run: Some((i as u32, 0)),
+            });
+        }
+        let before_last = self.index.tokens().iter().rev().nth(1).copied();
+        self.push_predictions(ROOT, before_last, last, 0, 1.0);
+
+        // Best first: a node's probability is at most its parent's, so the chosen set is closed
+        // under parents. Add while a node pays for its row at the current rate of tokens per cost.
+        let mut expected = 1.0; // tokens per pass: the model's own, plus the accepted nodes
+        let mut best_first = None;
+        while let Some(c) = self.heap.pop() {
+            best_first.get_or_insert(c);
+            let rows = self.tree.len() as f64;
+            let rate = expected / (1.0 + price * rows);
+            let existing = self.tree.child(c.parent, c.token);
+            let full = self.tree.len() >= max_nodes;
+            if existing.is_none() && (full || (self.adaptive && c.p <= price * rate)) {
+                // Everything left in the heap is less likely still.
+                break;
+            }
+            let node = match existing {
+                Some(n) => n,
+                None => {
+                    expected += c.p;
+                    self.classes.push(c.class);
+                    self.expanded.push(false);
+                    self.tree.push(c.token, c.parent, c.source)
+                }
+            };
+            let depth = c.depth as usize;
+            if depth >= k {
+                continue;
+            }
+            if let Some((run, off)) = c.run {
+                let (tokens, source, class) = &self.runs[run as usize];
+                if let Some(&next) = tokens.get(off as usize + 1) {
+                    let r = self.rates.rate(*source, *class as usize, depth + 1);
+                    let cand = Candidate {
+                        p: c.p * r,
+                        parent: node as u32,
+                        token: next,
+                        source: *source,
+                        class: *class,
+                        depth: (depth + 1) as u16,
+                        run: Some((run, off + 1)),
+                    };
+                    self.push_candidate(cand);
+                }
+            }
+            if !self.expanded[node] {
+                self.expanded[node] = true;
+                let prev = match c.parent {
+                    ROOT => last,
+                    p => self.tree.tokens()[p as usize],
+                };
+                self.push_predictions(node as u32, Some(prev), c.token, depth, c.p);
+            }
+        }
+        if !self.adaptive {
+            self.since_draft = 0;
+            return;
+        }
+        let gain = expected / (1.0 + price * self.tree.len() as f64);
+        if self.tree.is_empty() || gain < 1.0 + MIN_GAIN {
+            self.tree.clear();
+            self.classes.clear();
+            // Nothing pays: now and then send the single best node, so that estimates that are
+            // too low (or a price too high) can be corrected by evidence.
+            match best_first {
+                Some(c) if self.since_draft >= self.probe_gap => {
+                    self.classes.push(c.class);
+                    self.tree.push(c.token, ROOT, c.source);
+                    self.probing = true;
+                }
+                _ => self.since_draft = self.since_draft.saturating_add(1),
+            }
+        }
+    }
+
+    /// Records the verified outcome of the last proposal: `path` is the accepted nodes, from the
+    /// root's child down (for a chain, `0..accepted`). A step whose proposal was empty counts as
+    /// a step without a draft.
+    pub fn observe(&mut self, path: &[usize]) {
+        let drafted = self.tree.len();
+        match self.method {
+            SpecMethod::Ngram if drafted == 0 => self.length.idle(),
+            SpecMethod::Ngram => {
+                self.length
+                    .observe(self.draft_match, drafted, path.len().min(drafted));
+            }
+            SpecMethod::Tree if drafted == 0 => {}
+            SpecMethod::Tree => {
+                let mut on_path = vec![false; drafted];
+                for &n in path {
+                    on_path[n] = true;
+                }
+                let parents = self.tree.parents();
+                for i in 0..drafted {
+                    let p = parents[i];
+                    if p == ROOT || on_path[p as usize] {
+                        self.rates.observe(
+                            self.tree.sources()[i],
+                            self.classes[i] as usize,
+                            self.tree.depths()[i] as usize,
+                            on_path[i],
+                        );
+                    }
+                }
+                if self.probing {
+                    self.probe_gap = if path.is_empty() {
+                        (self.probe_gap * 2).min(MAX_PROBE_GAP)
+                    } else {
+                        FIRST_PROBE_GAP
+                    };
+                }
+                self.since_draft = 0;
+            }
+        }
+        self.tree.clear();
+        self.classes.clear();
     }
 
     /// Records what a pass over `rows` rows cost (seconds, or relative to one row), refining the
@@ -96,9 +450,15 @@ impl Drafter {
         self.length.observe_cost(rows, seconds);
     }
 
-    /// The controller's estimates (acceptance by n-gram size, price of a row).
+    /// The chain controller's estimates (acceptance by n-gram size, price of a row).
     pub fn length(&self) -> &DraftLength {
         &self.length
+    }
+
+    /// Estimated probability that a node from `source` (class: n-gram size or rank) at `depth`
+    /// is accepted once its parent is.
+    pub fn tree_rate(&self, source: Source, class: usize, depth: usize) -> f64 {
+        self.rates.rate(source, class, depth)
     }
 }
 
@@ -119,11 +479,15 @@ mod tests {
     #[test]
     fn proposes_what_followed_and_respects_the_limit() {
         let mut d = Drafter::new(&config(8, false), &[1, 2, 3, 4, 5, 6, 1, 2]).unwrap();
-        assert_eq!(d.propose(8, None), [3, 4, 5, 6, 1, 2]);
-        assert_eq!(d.propose(2, None), [3, 4]);
+        assert_eq!(d.propose(8, None).tokens(), [3, 4, 5, 6, 1, 2]);
+        assert_eq!(d.propose(2, None).tokens(), [3, 4]);
         assert!(d.propose(0, None).is_empty(), "no room, no draft");
         let mut short = Drafter::new(&config(3, false), d.tokens()).unwrap();
-        assert_eq!(short.propose(8, None), [3, 4, 5], "K caps the draft");
+        assert_eq!(
+            short.propose(8, None).tokens(),
+            [3, 4, 5],
+            "K caps the draft"
+        );
     }
 
     #[test]
@@ -133,7 +497,7 @@ mod tests {
         let mut sent = 0;
         for t in 0..200u32 {
             sent += d.propose(8, Some(0.1)).len();
-            d.observe(0);
+            d.observe(&[]);
             d.push(100 + t);
             d.push(7);
         }
@@ -151,7 +515,90 @@ mod tests {
         d.push(9);
         d.truncate(4);
         assert_eq!(d.tokens(), [1, 2, 3, 1]);
-        assert_eq!(d.propose(4, None), [2, 3, 1]);
+        assert_eq!(d.propose(4, None).tokens(), [2, 3, 1]);
+    }
+
+    fn tree_config(adaptive: bool, sources: &str) -> SpecConfig {
+        SpecConfig {
+            method: SpecMethod::Tree,
+            tree_sources: sources.parse().unwrap(),
+            ..config(4, adaptive)
+        }
+    }
+
+    #[test]
+    fn a_tree_holds_every_earlier_continuation() {
+        let mut d =
+            Drafter::new(&tree_config(false, "ngram"), &[1, 2, 3, 5, 1, 2, 4, 1, 2]).unwrap();
+        let t = d.propose(8, None);
+        // "1 2" was followed by "4 1 2" and by "3 5 1 2" (cut at K = 4 deep); "2" adds nothing new.
+        assert_eq!(
+            t.children(ROOT).map(|c| t.tokens()[c]).collect::<Vec<_>>(),
+            [4, 3]
+        );
+        let path = t.follow(&[3, 5, 1, 2, 9]);
+        assert_eq!(
+            path.iter().map(|&n| t.tokens()[n]).collect::<Vec<_>>(),
+            [3, 5, 1, 2]
+        );
+        assert!(t.depths().iter().all(|&d| d <= 4));
+        assert!(t.sources().iter().all(|&s| s == Source::Ngram));
+        // The node budget caps the tree.
+        assert_eq!(d.propose(3, None).len(), 3);
+    }
+
+    #[test]
+    fn the_model_source_expands_its_predictions() {
+        let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]).unwrap();
+        assert_eq!(d.wants_predictions(), 4);
+        assert!(d.propose(8, None).is_empty(), "nothing recorded yet");
+        d.record_prediction(None, 7, &[8, 9]);
+        d.record_prediction(None, 8, &[10]);
+        let t = d.propose(8, None).clone();
+        let mut tokens = t.tokens().to_vec();
+        tokens.sort();
+        assert_eq!(tokens, [8, 9, 10]);
+        assert_eq!(t.follow(&[8, 10, 3]).len(), 2);
+        assert!(t.sources().iter().all(|&s| s == Source::Model));
+        // Rejections at rank 1 lower its estimate; acceptances at rank 0 raise it.
+        let before = (
+            d.tree_rate(Source::Model, 0, 1),
+            d.tree_rate(Source::Model, 1, 1),
+        );
+        for _ in 0..20 {
+            let t = d.propose(8, None).clone();
+            d.observe(&t.follow(&[8, 10]));
+        }
+        assert!(d.tree_rate(Source::Model, 0, 1) > before.0);
+        assert!(d.tree_rate(Source::Model, 1, 1) < before.1);
+        assert!(d.tree_rate(Source::Model, 0, 2) > 0.8);
+    }
+
+    #[test]
+    fn costly_rows_shrink_the_tree() {
+        let mut d =
+            Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]).unwrap();
+        d.record_prediction(None, 2, &[3, 4, 5, 6]);
+        let cheap = d.propose(8, Some(0.02)).len();
+        let dear = d.propose(8, Some(0.3)).len();
+        assert!(cheap > dear, "{cheap} nodes at 0.02, {dear} at 0.3");
+        assert!(
+            d.propose(8, Some(5.0)).is_empty(),
+            "nothing pays at 5 tokens a row"
+        );
+        d.observe(&[]);
+    }
+
+    #[test]
+    fn the_corpus_source_drafts_from_earlier_documents() {
+        let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
+        corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
+        let mut d = Drafter::new(&tree_config(false, "corpus"), &[9, 41, 42]).unwrap();
+        assert!(d.propose(8, None).is_empty(), "no corpus yet");
+        d.set_corpus(corpus);
+        let t = d.propose(8, None);
+        assert_eq!(t.tokens(), [43, 44]);
+        assert!(t.sources().iter().all(|&s| s == Source::Corpus));
     }
 
     #[test]

@@ -228,6 +228,64 @@ impl NgramIndex {
         None
     }
 
+    /// Calls `f(n, from)` for earlier occurrences of the sequence's suffix n-grams, longest `n`
+    /// first and, within one size, most recent first, where `from` is the position of the token
+    /// that followed the occurrence; at most `max` calls. `f` returns false to stop early.
+    /// Occurrences of a shorter n-gram include those of the longer ones already visited; callers
+    /// merging continuations into a tree get nothing new from those.
+    pub fn for_each_occurrence(&self, max: usize, f: impl FnMut(usize, usize) -> bool) {
+        let len = self.tokens.len();
+        // An earlier occurrence ends at or before len - 2, so n <= len - 1.
+        let longest = self.config.max_n.min(len.saturating_sub(1));
+        self.occurrences_of(&self.tokens[len - longest..], max, f)
+    }
+
+    /// [`for_each_occurrence`](Self::for_each_occurrence) for the n-grams that end `suffix` (a
+    /// sequence other than the indexed one, e.g. a request looked up in a corpus).
+    pub fn for_each_occurrence_of(
+        &self,
+        suffix: &[u32],
+        max: usize,
+        f: impl FnMut(usize, usize) -> bool,
+    ) {
+        let longest = self.config.max_n.min(suffix.len());
+        self.occurrences_of(&suffix[suffix.len() - longest..], max, f)
+    }
+
+    fn occurrences_of(&self, suffix: &[u32], max: usize, mut f: impl FnMut(usize, usize) -> bool) {
+        let tokens = &self.tokens;
+        let min_n = self.config.min_n;
+        let max_n = suffix.len();
+        if self.levels.is_empty() || max_n < min_n || max == 0 {
+            return;
+        }
+        let mut keys = [0u64; MAX_NGRAM + 1];
+        let mut state = SEED;
+        for (n, &t) in (1..=max_n).zip(suffix.iter().rev()) {
+            state = fold(state, t);
+            keys[n] = state;
+        }
+        let mut calls = 0;
+        for n in (min_n..=max_n).rev() {
+            let level = &self.levels[n - min_n];
+            let Some(slot) = level.slots.get(&keys[n]) else {
+                continue;
+            };
+            let tail = &suffix[max_n - n..];
+            let mut end = slot.recent;
+            while end != NONE {
+                let e = end as usize;
+                if &tokens[e + 1 - n..=e] == tail {
+                    calls += 1;
+                    if !f(n, e + 1) || calls >= max {
+                        return;
+                    }
+                }
+                end = level.prev[e];
+            }
+        }
+    }
+
     /// End position of the occurrence the policy picks from `slot`.
     #[inline]
     fn choose(&self, slot: &Slot, k: usize) -> u32 {

@@ -38,24 +38,31 @@
 //! ```
 
 mod config;
+mod corpus;
 mod drafter;
 mod hash;
 mod index;
 mod length;
 pub mod pass_cost;
+mod predictions;
 mod scan;
 mod spec_config;
+pub mod tree;
 
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
-pub use drafter::Drafter;
+pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
+pub use drafter::{Drafter, SharedCorpus};
 pub use index::NgramIndex;
 pub use length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
 pub use pass_cost::PassCost;
+pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
 pub use spec_config::{
-    SpecConfig, SpecError, SpecOverrides, DEFAULT_NUM_SPECULATIVE_TOKENS,
-    DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, METHODS,
+    SpecConfig, SpecError, SpecMethod, SpecOverrides, TreeSources, DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,
+    DEFAULT_TREE_TOP_K, MAX_TREE_TOP_K, METHODS,
 };
+pub use tree::{DraftTree, Source, ROOT};
 
 /// Where a proposal came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

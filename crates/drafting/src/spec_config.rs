@@ -21,14 +21,148 @@ pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 /// Default shortest n-gram matched.
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 1;
 
-/// The `method` names that mean prompt lookup (vLLM says `ngram`).
-pub const METHODS: [&str; 2] = ["ngram", "prompt_lookup"];
+/// The `method` names accepted: `ngram` (vLLM's name) and `prompt_lookup` mean the single
+/// prompt-lookup chain; `tree` means a draft tree from several sources.
+pub const METHODS: [&str; 3] = ["ngram", "prompt_lookup", "tree"];
+
+/// Default most nodes of a draft tree.
+pub const DEFAULT_TREE_MAX_NODES: usize = 24;
+/// Default candidates per token in the model's own prediction table.
+pub const DEFAULT_TREE_TOP_K: usize = 4;
+/// Largest `tree_top_k`.
+pub const MAX_TREE_TOP_K: usize = 8;
+
+/// How drafts are shaped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// One chain per step from the n-gram index over the sequence (vLLM's `ngram`).
+    #[default]
+    Ngram,
+    /// A tree per step, merged from the enabled [`TreeSources`] and sized by cost.
+    Tree,
+}
+
+impl SpecMethod {
+    pub const fn name(self) -> &'static str {
+        match self {
+            SpecMethod::Ngram => "ngram",
+            SpecMethod::Tree => "tree",
+        }
+    }
+
+    /// The method a `method` name means, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "ngram" | "prompt_lookup" => Some(SpecMethod::Ngram),
+            "tree" => Some(SpecMethod::Tree),
+            _ => None,
+        }
+    }
+}
+
+/// Which sources feed a draft tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeSources {
+    /// The n-gram index over the sequence, with every earlier continuation.
+    pub ngram: bool,
+    /// The model's own earlier top candidates after each token.
+    pub model: bool,
+    /// Earlier requests of the same client (the server's corpus).
+    pub corpus: bool,
+}
+
+impl Default for TreeSources {
+    fn default() -> Self {
+        TreeSources {
+            ngram: true,
+            model: true,
+            corpus: true,
+        }
+    }
+}
+
+impl TreeSources {
+    /// Whether `source` is on.
+    pub fn has(&self, source: crate::Source) -> bool {
+        match source {
+            crate::Source::Ngram => self.ngram,
+            crate::Source::Model => self.model,
+            crate::Source::Corpus => self.corpus,
+        }
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        crate::Source::ALL
+            .into_iter()
+            .filter(|s| self.has(*s))
+            .map(|s| s.name())
+            .collect()
+    }
+}
+
+impl std::str::FromStr for TreeSources {
+    type Err = String;
+
+    /// A comma-separated list of source names (`ngram,model,corpus`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = TreeSources {
+            ngram: false,
+            model: false,
+            corpus: false,
+        };
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "ngram" => out.ngram = true,
+                "model" => out.model = true,
+                "corpus" => out.corpus = true,
+                other => {
+                    return Err(format!(
+                        "unknown draft source '{other}' (known: ngram, model, corpus)"
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Serialize for TreeSources {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.names().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for TreeSources {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let names = Vec::<String>::deserialize(d)?;
+        names.join(",").parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for SpecMethod {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for SpecMethod {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        SpecMethod::from_name(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown speculative method '{s}' (known: ngram, prompt_lookup, tree)"
+            ))
+        })
+    }
+}
 
 /// How a generation drafts: how many tokens per step, from which n-gram sizes, and whether the
 /// draft is cut to what is expected to pay for its verification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SpecConfig {
+    /// A chain from the n-gram index (`ngram`) or a tree from several sources (`tree`).
+    pub method: SpecMethod,
     /// Tokens drafted per step at most; 0 turns speculation off.
     #[serde(alias = "prompt_lookup_num_tokens")]
     pub num_speculative_tokens: usize,
@@ -42,16 +176,27 @@ pub struct SpecConfig {
     /// Send only as many drafted tokens as are expected to pay for their verification (estimated
     /// from the acceptance so far and the measured pass cost); false sends every proposed token.
     pub adaptive: bool,
+    /// Most nodes of a draft tree (method `tree`); a tree is also at most
+    /// `num_speculative_tokens` deep.
+    pub tree_max_nodes: usize,
+    /// Candidates kept per token in the model's prediction table (method `tree`).
+    pub tree_top_k: usize,
+    /// The sources a tree is drafted from (method `tree`).
+    pub tree_sources: TreeSources,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
         SpecConfig {
+            method: SpecMethod::default(),
             num_speculative_tokens: DEFAULT_NUM_SPECULATIVE_TOKENS,
             prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX,
             prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
             match_policy: MatchPolicy::default(),
             adaptive: true,
+            tree_max_nodes: DEFAULT_TREE_MAX_NODES,
+            tree_top_k: DEFAULT_TREE_TOP_K,
+            tree_sources: TreeSources::default(),
         }
     }
 }
@@ -62,7 +207,7 @@ impl Default for SpecConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecOverrides {
-    /// `ngram` or `prompt_lookup`; anything else is refused.
+    /// `ngram`, `prompt_lookup` or `tree`; anything else is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
     #[serde(
@@ -88,6 +233,12 @@ pub struct SpecOverrides {
     pub match_policy: Option<MatchPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_max_nodes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_top_k: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_sources: Option<TreeSources>,
 }
 
 impl SpecOverrides {
@@ -144,10 +295,38 @@ impl SpecConfig {
             })
     }
 
-    /// Checks the settings (the n-gram range matters only when speculation is on).
+    /// Checks the settings (the n-gram range and the tree's shape matter only when speculation
+    /// is on).
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.enabled() {
             self.ngram()?;
+        }
+        if self.enabled() && self.method == SpecMethod::Tree {
+            if !(1..=crate::tree::MAX_NODES).contains(&self.tree_max_nodes) {
+                return Err(SpecError {
+                    field: "tree_max_nodes",
+                    message: format!(
+                        "tree_max_nodes must be between 1 and {}, not {}",
+                        crate::tree::MAX_NODES,
+                        self.tree_max_nodes
+                    ),
+                });
+            }
+            if !(1..=MAX_TREE_TOP_K).contains(&self.tree_top_k) {
+                return Err(SpecError {
+                    field: "tree_top_k",
+                    message: format!(
+                        "tree_top_k must be between 1 and {MAX_TREE_TOP_K}, not {}",
+                        self.tree_top_k
+                    ),
+                });
+            }
+            if self.tree_sources.names().is_empty() {
+                return Err(SpecError {
+                    field: "tree_sources",
+                    message: "a tree needs at least one draft source".into(),
+                });
+            }
         }
         Ok(())
     }
@@ -171,14 +350,13 @@ impl SpecConfig {
 
     fn apply(&mut self, o: &SpecOverrides, method_field: &'static str) -> Result<(), SpecError> {
         if let Some(m) = o.method.as_deref() {
-            if !METHODS.contains(&m) {
-                return Err(SpecError {
-                    field: method_field,
-                    message: format!(
-                        "speculative method '{m}' is not supported (pld drafts with \"ngram\")"
-                    ),
-                });
-            }
+            self.method = SpecMethod::from_name(m).ok_or_else(|| SpecError {
+                field: method_field,
+                message: format!(
+                    "speculative method '{m}' is not supported (pld drafts with \"ngram\", \
+                     its alias \"prompt_lookup\", or \"tree\")"
+                ),
+            })?;
         }
         let SpecOverrides {
             method: _,
@@ -187,12 +365,18 @@ impl SpecConfig {
             prompt_lookup_min,
             match_policy,
             adaptive,
+            tree_max_nodes,
+            tree_top_k,
+            tree_sources,
         } = o;
         set(&mut self.num_speculative_tokens, num_speculative_tokens);
         set(&mut self.prompt_lookup_max, prompt_lookup_max);
         set(&mut self.prompt_lookup_min, prompt_lookup_min);
         set(&mut self.match_policy, match_policy);
         set(&mut self.adaptive, adaptive);
+        set(&mut self.tree_max_nodes, tree_max_nodes);
+        set(&mut self.tree_top_k, tree_top_k);
+        set(&mut self.tree_sources, tree_sources);
         Ok(())
     }
 }
@@ -275,6 +459,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.field, "speculative_config.method");
         assert!(e.message.contains("eagle"), "{e}");
+        let e = parse(r#"{"tree_sources":["ngram","oracle"]}"#).unwrap_err();
+        assert!(e.to_string().contains("oracle"), "{e}");
         let e = parse(r#"{"match_policy":"newest"}"#).unwrap_err();
         assert!(e.to_string().contains("newest"), "{e}");
     }
@@ -300,6 +486,37 @@ mod tests {
     }
 
     #[test]
+    fn tree_method_and_its_knobs() {
+        let sc =
+            parse(r#"{"method":"tree","tree_max_nodes":40,"tree_sources":["model"]}"#).unwrap();
+        let c = SpecConfig::default()
+            .merge(Some(&sc), &SpecOverrides::default())
+            .unwrap();
+        assert_eq!(c.method, SpecMethod::Tree);
+        assert_eq!(c.tree_max_nodes, 40);
+        assert!(c.tree_sources.model && !c.tree_sources.ngram);
+        // The top level can switch back to vLLM's chain.
+        let top = SpecOverrides {
+            method: Some("ngram".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            SpecConfig::default().merge(Some(&sc), &top).unwrap().method,
+            SpecMethod::Ngram
+        );
+        let bad = parse(r#"{"method":"tree","tree_max_nodes":64}"#).unwrap();
+        let e = SpecConfig::default()
+            .merge(Some(&bad), &SpecOverrides::default())
+            .unwrap_err();
+        assert_eq!(e.field, "tree_max_nodes");
+        let bad = parse(r#"{"method":"tree","tree_sources":[]}"#).unwrap();
+        let e = SpecConfig::default()
+            .merge(Some(&bad), &SpecOverrides::default())
+            .unwrap_err();
+        assert_eq!(e.field, "tree_sources");
+    }
+
+    #[test]
     fn round_trips_through_json() {
         let c = SpecConfig {
             num_speculative_tokens: 6,
@@ -307,9 +524,21 @@ mod tests {
             prompt_lookup_min: 2,
             match_policy: MatchPolicy::Earliest,
             adaptive: false,
+            method: SpecMethod::Tree,
+            tree_max_nodes: 12,
+            tree_top_k: 3,
+            tree_sources: TreeSources {
+                ngram: true,
+                model: false,
+                corpus: true,
+            },
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(text.contains("\"match_policy\":\"earliest\""), "{text}");
+        assert!(
+            text.contains("\"tree_sources\":[\"ngram\",\"corpus\"]"),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<SpecConfig>(&text).unwrap(), c);
     }
 }

@@ -39,7 +39,17 @@ fn main() {
                 len,
             };
             let scale = 1.0 / (hd as f32).sqrt();
-            attend_rows(isa, &q, q_stride, rows, kv, scale, &mut scores, &mut out);
+            attend_rows(
+                isa,
+                &q,
+                q_stride,
+                rows,
+                kv,
+                scale,
+                None,
+                &mut scores,
+                &mut out,
+            );
             best = best.min(t.elapsed().as_secs_f64());
         }
         let macs = (rows * group * len * hd * 2) as f64;

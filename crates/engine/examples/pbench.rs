@@ -28,6 +28,7 @@ fn main() {
                 tokens: chunk,
                 cache: &mut cache,
                 all_logits: false,
+                parents: &[],
             }])
             .unwrap();
     }
@@ -39,6 +40,7 @@ fn main() {
                 tokens: &tokens[context..],
                 cache: &mut cache,
                 all_logits,
+                parents: &[],
             }])
             .unwrap();
         times.push(t.elapsed().as_secs_f64() * 1e3);

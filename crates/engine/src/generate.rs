@@ -5,11 +5,11 @@
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
-use crate::model::{BatchItem, Model};
+use crate::model::{BatchItem, Model, TREE_ROOT};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{TextStream, Tokenizer};
-use crate::verify::verify;
-use drafting::{Drafter, SpecConfig};
+use crate::verify::{verify, verify_tree};
+use drafting::{DraftTree, Drafter, Source, SpecConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -85,8 +85,36 @@ pub struct SpecStats {
     pub accepted_tokens: usize,
     /// Tokens emitted by decode steps (every token but the first, which prefill yields).
     pub decode_tokens: usize,
+    /// Drafted tokens by the source that proposed them.
+    pub drafted_by_source: BySource,
+    /// Accepted drafted tokens by the source that proposed them.
+    pub accepted_by_source: BySource,
     #[serde(skip)]
     pub propose_time: Duration,
+}
+
+/// A count per draft source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BySource {
+    pub ngram: usize,
+    pub model: usize,
+    pub corpus: usize,
+}
+
+impl BySource {
+    pub fn get_mut(&mut self, source: Source) -> &mut usize {
+        match source {
+            Source::Ngram => &mut self.ngram,
+            Source::Model => &mut self.model,
+            Source::Corpus => &mut self.corpus,
+        }
+    }
+
+    pub fn add(&mut self, other: &BySource) {
+        self.ngram += other.ngram;
+        self.model += other.model;
+        self.corpus += other.corpus;
+    }
 }
 
 impl SpecStats {
@@ -229,6 +257,14 @@ impl Sequence {
         }
     }
 
+    /// Lets the drafter draw on a tenant's corpus of earlier requests (used when the method is
+    /// `tree` with the corpus source on).
+    pub fn set_corpus(&mut self, corpus: drafting::SharedCorpus) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.set_corpus(corpus);
+        }
+    }
+
     /// Caps the drafted tokens per step below the configured K (a scheduler's load control).
     pub fn set_draft_limit(&mut self, limit: usize) {
         self.draft_limit = limit;
@@ -346,35 +382,66 @@ fn safe_len(text: &str, stops: &[String]) -> usize {
     safe
 }
 
+/// One sequence's inputs to a pass.
+struct PassInput {
+    seq: usize,
+    tokens: Vec<u32>,
+    /// The drafted tree (empty for prefill and plain decoding).
+    tree: DraftTree,
+    /// Row parents for the model when the tree is not a chain (see `BatchItem::parents`).
+    parents: Vec<u32>,
+}
+
 /// Advances every unfinished sequence by one forward pass: a prompt chunk for those still in
-/// prefill, the last token plus up to K drafts for those decoding.
+/// prefill, the last token plus its draft (a chain or a tree) for those decoding.
 pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Result<()> {
     let started = Instant::now();
-    // Inputs of each live sequence.
-    let mut inputs: Vec<(usize, Vec<u32>, usize)> = Vec::new(); // (seq, tokens, drafts)
+    let mut inputs: Vec<PassInput> = Vec::new();
     for (si, seq) in seqs.iter_mut().enumerate() {
         match seq.phase {
             Phase::Finished(_) => {}
             Phase::Prefill(done) => {
                 let end = (done + PREFILL_CHUNK).min(seq.prompt_len);
-                inputs.push((si, seq.tokens[done..end].to_vec(), 0));
+                inputs.push(PassInput {
+                    seq: si,
+                    tokens: seq.tokens[done..end].to_vec(),
+                    tree: DraftTree::new(),
+                    parents: Vec::new(),
+                });
             }
             Phase::Decode(last) => {
-                let mut input = vec![last];
                 let generated = seq.tokens.len() - seq.prompt_len;
-                // Room left: the pass writes 1 + k positions, and at most max_new_tokens tokens
-                // may still be emitted (the model's own token is one of them).
+                // Room left: the pass writes 1 + nodes positions, and at most max_new_tokens
+                // tokens may still be emitted (the model's own token is one of them).
                 let room = seq.cache.capacity() - seq.cache.len() - 1;
                 let left = seq.config.max_new_tokens - generated - 1;
                 let limit = seq.draft_limit.min(room).min(left);
                 let price = seq.draft_cost;
-                if let Some(d) = seq.drafter.as_mut().filter(|_| limit > 0) {
-                    let t0 = Instant::now();
-                    input.extend_from_slice(d.propose(limit, price));
-                    seq.stats.propose_time += t0.elapsed();
-                }
-                let drafts = input.len() - 1;
-                inputs.push((si, input, drafts));
+                let tree = match seq.drafter.as_mut().filter(|_| limit > 0) {
+                    Some(d) => {
+                        let t0 = Instant::now();
+                        let tree = d.propose(limit, price).clone();
+                        seq.stats.propose_time += t0.elapsed();
+                        tree
+                    }
+                    None => DraftTree::new(),
+                };
+                let mut tokens = Vec::with_capacity(tree.len() + 1);
+                tokens.push(last);
+                tokens.extend_from_slice(tree.tokens());
+                let parents = if tree.is_chain() {
+                    Vec::new()
+                } else {
+                    std::iter::once(TREE_ROOT)
+                        .chain(tree.parents().iter().map(|&p| p.wrapping_add(1)))
+                        .collect()
+                };
+                inputs.push(PassInput {
+                    seq: si,
+                    tokens,
+                    tree,
+                    parents,
+                });
             }
         }
     }
@@ -385,12 +452,13 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
         let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(inputs.len());
         let mut pending = inputs.iter().peekable();
         for (si, seq) in seqs.iter_mut().enumerate() {
-            if let Some((_, toks, _)) = pending.next_if(|(i, _, _)| *i == si) {
+            if let Some(input) = pending.next_if(|i| i.seq == si) {
                 let all_logits = matches!(seq.phase, Phase::Decode(_));
                 items.push(BatchItem {
-                    tokens: toks,
+                    tokens: &input.tokens,
                     cache: &mut seq.cache,
                     all_logits,
+                    parents: &input.parents,
                 });
             }
         }
@@ -400,7 +468,13 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
     let alone = inputs.len() == 1;
     let vocab = model.config.vocab_size;
     let mut row = 0;
-    for (si, toks, drafts) in inputs {
+    for input in inputs {
+        let PassInput {
+            seq: si,
+            tokens: toks,
+            tree,
+            ..
+        } = input;
         let seq = &mut *seqs[si];
         match seq.phase {
             Phase::Prefill(done) => {
@@ -425,24 +499,50 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
             }
             Phase::Decode(_) => {
                 seq.decode_time += elapsed;
-                let rows = &logits[row * vocab..(row + drafts + 1) * vocab];
-                row += drafts + 1;
+                let rows = &logits[row * vocab..(row + toks.len()) * vocab];
+                row += toks.len();
                 let start = seq.cache.len() - toks.len();
-                let verdict = verify(
+                let verdict = verify_tree(
                     rows,
                     vocab,
-                    &toks[1..],
+                    &tree,
                     &seq.tokens,
                     &seq.config.sampling,
                     &mut seq.rng,
                 );
-                // Keep the cache for the last token and the accepted drafts only.
-                seq.cache.truncate(start + 1 + verdict.accepted);
+                // The rows whose logits predicted each emitted token: the root's, then each
+                // accepted node's. Keep the cache for the root and the accepted path only.
+                let kept: Vec<usize> = std::iter::once(0)
+                    .chain(verdict.path.iter().map(|&n| n + 1))
+                    .collect();
+                seq.cache.keep_rows(start, &kept);
                 seq.stats.steps += 1;
-                seq.stats.draft_tokens += drafts;
+                seq.stats.draft_tokens += tree.len();
                 seq.stats.accepted_tokens += verdict.accepted;
+                for &s in tree.sources() {
+                    *seq.stats.drafted_by_source.get_mut(s) += 1;
+                }
+                for &n in &verdict.path {
+                    *seq.stats.accepted_by_source.get_mut(tree.sources()[n]) += 1;
+                }
                 if let Some(d) = seq.drafter.as_mut() {
-                    d.observe(verdict.accepted);
+                    d.observe(&verdict.path);
+                    let k = d.wants_predictions();
+                    if k > 0 {
+                        // Row 0's input is the last committed token; a node's input follows
+                        // its parent's.
+                        let before_last = seq.tokens.len().checked_sub(2).map(|i| seq.tokens[i]);
+                        for (i, r) in rows.chunks_exact(vocab).enumerate() {
+                            let prev = match i {
+                                0 => before_last,
+                                _ => Some(match tree.parents()[i - 1] {
+                                    drafting::ROOT => toks[0],
+                                    p => toks[p as usize + 1],
+                                }),
+                            };
+                            d.record_prediction(prev, toks[i], &top_ids(r, k));
+                        }
+                    }
                     // Timings vary from run to run: they may steer draft lengths only where the
                     // output cannot depend on them (greedy), so seeded sampling stays
                     // reproducible. A pass shared with other sequences says nothing about this
@@ -451,9 +551,9 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                         d.observe_cost(toks.len(), elapsed.as_secs_f64());
                     }
                 }
-                for (j, &t) in verdict.tokens.iter().enumerate() {
+                for (&t, &r) in verdict.tokens.iter().zip(&kept) {
                     seq.stats.decode_tokens += 1;
-                    if !seq.emit(tok, t, &rows[j * vocab..(j + 1) * vocab]) {
+                    if !seq.emit(tok, t, &rows[r * vocab..(r + 1) * vocab]) {
                         break;
                     }
                 }
@@ -462,6 +562,27 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
         }
     }
     Ok(())
+}
+
+/// The ids of the `k` largest logits of `row`, largest first.
+fn top_ids(row: &[f32], k: usize) -> Vec<u32> {
+    top_logits(row, k).into_iter().map(|(i, _)| i).collect()
+}
+
+/// The `k` largest logits of `row` with their ids, largest first.
+fn top_logits(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for (i, &l) in row.iter().enumerate() {
+        if best.len() < k || l > best[best.len() - 1].1 {
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (i as u32, l));
+            best.truncate(k);
+        }
+    }
+    best
 }
 
 /// A generated token's log-probability, and the most likely tokens at its position.
@@ -478,16 +599,7 @@ impl TokenLogprob {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
         let norm = max + sum.ln() as f32;
-        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
-        if top > 0 {
-            for (i, &l) in logits.iter().enumerate() {
-                if best.len() < top || l > best[best.len() - 1].1 {
-                    let at = best.partition_point(|&(_, b)| b >= l);
-                    best.insert(at, (i as u32, l));
-                    best.truncate(top);
-                }
-            }
-        }
+        let best = top_logits(logits, top);
         TokenLogprob {
             token,
             logprob: logits[token as usize] - norm,

@@ -62,6 +62,33 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Keeps, of the positions from `start` on, only `rows` (increasing offsets from `start`),
+    /// moved down to `start, start + 1, ...`: the accepted path of a draft tree becomes consecutive
+    /// and the rest is dropped. Costs one copy per kept row that moves, whatever the tree's size.
+    pub fn keep_rows(&mut self, start: usize, rows: &[usize]) {
+        debug_assert!(rows.windows(2).all(|w| w[0] < w[1]), "rows must increase");
+        let (hd, stride) = (self.hd, self.key_stride);
+        for (j, &r) in rows.iter().enumerate() {
+            if r == j {
+                continue;
+            }
+            let (from, to) = (start + r, start + j);
+            assert!(from < self.len, "row {r} past the cache");
+            for layer in 0..self.n_layer {
+                for head in 0..self.kv_dim / hd {
+                    let base = self.value_base(layer, head);
+                    self.values
+                        .copy_within(base + from * hd..base + (from + 1) * hd, base + to * hd);
+                }
+                let keys = &mut self.keys[layer * self.kv_dim * stride..];
+                for i in 0..self.kv_dim {
+                    keys[i * stride + to] = keys[i * stride + from];
+                }
+            }
+        }
+        self.truncate(start + rows.len());
+    }
+
     pub(crate) fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.capacity);
         self.len = len;
@@ -132,5 +159,27 @@ mod tests {
         assert_eq!(key(&c, 3, 1), [9.0; 2]);
         c.truncate(10);
         assert_eq!(c.len(), 4, "truncate never grows");
+    }
+
+    #[test]
+    fn keep_rows_moves_the_kept_rows_down() {
+        let mut c = KvCache::new(2, 4, 2, 8);
+        let key_at = |pos: usize| -> Vec<f32> { (0..4).map(|i| (10 * pos + i) as f32).collect() };
+        for layer in 0..2 {
+            for pos in 0..6 {
+                c.write(layer, pos, &key_at(pos), &[pos as f32; 4]);
+            }
+        }
+        c.set_len(6);
+        // Rows 2.. were a tree; keep rows 0, 2 and 3 of it (positions 2, 4, 5).
+        c.keep_rows(2, &[0, 2, 3]);
+        assert_eq!(c.len(), 5);
+        for layer in 0..2 {
+            let h = c.head(layer, 1, 5);
+            let keys: Vec<f32> = (0..5).map(|p| h.keys[h.key_stride + p]).collect();
+            assert_eq!(keys, [3.0, 13.0, 23.0, 43.0, 53.0]);
+            let values: Vec<f32> = (0..5).map(|p| h.values[p * 2]).collect();
+            assert_eq!(values, [0.0, 1.0, 2.0, 4.0, 5.0]);
+        }
     }
 }

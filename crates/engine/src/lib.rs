@@ -18,8 +18,8 @@ pub mod weights;
 pub use chat::{ChatTemplate, Message};
 pub use error::{EngineError, Result};
 pub use generate::{
-    generate, step, FinishReason, GenerationConfig, GenerationOutput, Sequence, SpecStats,
-    TokenLogprob,
+    generate, step, BySource, FinishReason, GenerationConfig, GenerationOutput, Sequence,
+    SpecStats, TokenLogprob,
 };
 pub use model::{Config, Model};
 pub use sampling::SamplingParams;

@@ -236,11 +236,20 @@ impl Model {
     pub fn forward(&self, batch: &mut [BatchItem<'_>]) -> Result<Vec<f32>> {
         let c = &self.config;
         let (d, qd, kvd, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim);
-        // Lay out the rows: which item, which position.
+        // Lay out the rows: which item, which cache slot, which position. A chain's row i goes
+        // to slot start + i at position start + i; a tree's node also takes slot start + i but is
+        // rotated at start + its depth, and sees only the committed cache and its ancestors.
         let mut row_item = Vec::new();
+        let mut row_slot = Vec::new();
         let mut row_pos = Vec::new();
+        let mut row_mask = Vec::new();
+        let mut item_start = Vec::with_capacity(batch.len());
         for (bi, item) in batch.iter().enumerate() {
             let start = item.cache.len();
+            item_start.push(start);
+            if !item.parents.is_empty() {
+                check_tree(item.parents, item.tokens.len())?;
+            }
             let needed = start + item.tokens.len();
             if needed > item.cache.capacity() {
                 return Err(EngineError::ContextFull {
@@ -256,7 +265,18 @@ impl Model {
                     )));
                 }
                 row_item.push(bi);
-                row_pos.push(start + i);
+                row_slot.push(start + i);
+                let first = row_pos.len() - i; // the item's first row
+                let (pos, mask) = match item.parents.get(i) {
+                    None => (start + i, 0),
+                    Some(&TREE_ROOT) => (start, 1u64),
+                    Some(&p) => {
+                        let p = first + p as usize;
+                        (row_pos[p] + 1, row_mask[p] | 1u64 << i)
+                    }
+                };
+                row_pos.push(pos);
+                row_mask.push(mask);
             }
         }
         let n = row_item.len();
@@ -322,7 +342,7 @@ impl Model {
             for r in 0..n {
                 batch[row_item[r]].cache.write(
                     li,
-                    row_pos[r],
+                    row_slot[r],
                     &k[r * kvd..(r + 1) * kvd],
                     &v[r * kvd..(r + 1) * kvd],
                 );
@@ -330,12 +350,16 @@ impl Model {
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
             let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
                 let (bi, kvh, r0, r1) = jobs[j];
-                let kv = caches[bi].head(li, kvh, row_pos[r1 - 1] + 1);
+                let kv = caches[bi].head(li, kvh, row_slot[r1 - 1] + 1);
                 let q0 = r0 * qd + kvh * group * hd;
-                kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, scores, out);
+                let tree = (!batch[bi].parents.is_empty()).then(|| kernels::TreeMask {
+                    start: item_start[bi],
+                    rows: &row_mask[r0..r1],
+                });
+                kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, tree, scores, out);
             };
             // Threads pay off once there are enough (row, head, position) triples.
-            let work: usize = row_pos.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
+            let work: usize = row_slot.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
             if work < 1 << 16 {
                 let mut scores = Vec::new();
                 for (j, w) in bounds.windows(2).enumerate() {
@@ -404,6 +428,39 @@ pub struct BatchItem<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut KvCache,
     pub all_logits: bool,
+    /// Empty for a chain (each token follows the one before). For a draft tree, the parent of
+    /// each row as an earlier row index, [`TREE_ROOT`] for the first row (the last committed
+    /// token): every row takes the next cache slot but sees only the committed cache and its own
+    /// ancestors, at position committed length + depth. After verification the accepted path is
+    /// made consecutive with [`KvCache::keep_rows`].
+    pub parents: &'a [u32],
+}
+
+/// The parent of a tree's first row.
+pub const TREE_ROOT: u32 = u32::MAX;
+
+/// The most rows a tree may have (a row's ancestors are one 64-bit mask).
+pub const MAX_TREE_ROWS: usize = 64;
+
+fn check_tree(parents: &[u32], rows: usize) -> Result<()> {
+    let bad = |why: String| Err(EngineError::InvalidConfig(format!("draft tree: {why}")));
+    if parents.len() != rows {
+        return bad(format!("{} parents for {rows} rows", parents.len()));
+    }
+    if rows > MAX_TREE_ROWS {
+        return bad(format!("{rows} rows, at most {MAX_TREE_ROWS}"));
+    }
+    if parents[0] != TREE_ROOT {
+        return bad("the first row must be the root".into());
+    }
+    match parents[1..]
+        .iter()
+        .enumerate()
+        .find(|&(i, &p)| p as usize > i)
+    {
+        Some((i, p)) => bad(format!("row {} has parent {p}, not an earlier row", i + 1)),
+        None => Ok(()),
+    }
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {

@@ -20,6 +20,7 @@ pub fn measure(model: &Model) -> Result<PassCost> {
         tokens: &tokens[..32],
         cache: &mut cache,
         all_logits: false,
+        parents: &[],
     }])?;
     let mut points = Vec::new();
     for &r in &ANCHORS {
@@ -30,6 +31,7 @@ pub fn measure(model: &Model) -> Result<PassCost> {
                 tokens: &tokens[32..32 + r],
                 cache: &mut cache,
                 all_logits: true,
+                parents: &[],
             }])?;
             best = best.min(t.elapsed().as_secs_f64());
             cache.truncate(32);

@@ -179,16 +179,16 @@ impl Distribution {
     }
 
     pub fn sample(&self, rng: &mut impl Rng) -> u32 {
-        self.sample_excluding(None, rng)
+        self.sample_excluding(&[], rng)
     }
 
-    /// Samples with `excluded` removed and the rest renormalized (the residual distribution of
-    /// rejection sampling against a point-mass draft).
-    pub fn sample_excluding(&self, excluded: Option<u32>, rng: &mut impl Rng) -> u32 {
+    /// Samples with the `excluded` tokens removed and the rest renormalized (the residual
+    /// distribution of rejection sampling against point-mass drafts).
+    pub fn sample_excluding(&self, excluded: &[u32], rng: &mut impl Rng) -> u32 {
         let mass: f64 = self
             .candidates
             .iter()
-            .filter(|c| Some(c.0) != excluded)
+            .filter(|c| !excluded.contains(&c.0))
             .map(|c| c.1 as f64)
             .sum();
         if mass <= 0.0 {
@@ -197,7 +197,7 @@ impl Distribution {
         let mut u = rng.random::<f64>() * mass;
         let mut last = self.candidates[0].0;
         for c in &self.candidates {
-            if Some(c.0) == excluded {
+            if excluded.contains(&c.0) {
                 continue;
             }
             last = c.0;
@@ -271,6 +271,6 @@ mod tests {
         let ones = (0..n).filter(|_| d.sample(&mut rng) == 1).count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.02, "{frac}");
-        assert!((0..100).all(|_| d.sample_excluding(Some(1), &mut rng) == 0));
+        assert!((0..100).all(|_| d.sample_excluding(&[1], &mut rng) == 0));
     }
 }

@@ -216,6 +216,15 @@ impl Tokenizer {
         })
     }
 
+    /// The length in bytes of the longest token: a text of `b` bytes has at least
+    /// `b / longest_token_bytes()` tokens.
+    pub fn longest_token_bytes(&self) -> usize {
+        (0..self.vocab_size() as u32)
+            .map(|id| self.token_bytes(id).len())
+            .max()
+            .unwrap_or(1)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()
     }

@@ -88,6 +88,7 @@ fn logits_match_reference_under_teacher_forcing() {
                         tokens: chunk,
                         cache: &mut cache,
                         all_logits: false,
+                        parents: &[],
                     }])
                     .unwrap();
             }
@@ -98,6 +99,7 @@ fn logits_match_reference_under_teacher_forcing() {
                         tokens: forced,
                         cache: &mut cache,
                         all_logits: true,
+                        parents: &[],
                     }])
                     .unwrap(),
             );
@@ -138,6 +140,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: prompt,
                 cache,
                 all_logits: false,
+                parents: &[],
             }])
             .unwrap()
         };
@@ -148,6 +151,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: cont,
                 cache: &mut a,
                 all_logits: true,
+                parents: &[],
             }])
             .unwrap();
         let mut b = m.new_cache(prompt.len() + 16);
@@ -159,6 +163,7 @@ fn batched_pass_equals_single_steps() {
                     tokens: &[*t],
                     cache: &mut b,
                     all_logits: true,
+                    parents: &[],
                 }])
                 .unwrap(),
             );
@@ -175,6 +180,7 @@ fn batched_pass_equals_single_steps() {
             tokens: &[11, 12, 13],
             cache: &mut a,
             all_logits: true,
+            parents: &[],
         }])
         .unwrap();
         a.truncate(prompt.len() + 5);
@@ -183,6 +189,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: &cont[5..],
                 cache: &mut a,
                 all_logits: true,
+                parents: &[],
             }])
             .unwrap();
         let vocab = m.config.vocab_size;

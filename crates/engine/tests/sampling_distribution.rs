@@ -3,10 +3,12 @@
 //! by plain ancestral sampling and once through the verifier with drafts that are sometimes right and
 //! sometimes wrong. The two empirical distributions over the 125 possible sequences must agree with
 //! the exact one within a bound that a correct sampler exceeds with negligible probability; the
-//! seeds are fixed so the test cannot flake.
+//! seeds are fixed so the test cannot flake. Draft trees (several candidates per position, tried in
+//! turn) are checked the same way.
 
+use drafting::{DraftTree, Source, ROOT};
 use engine::sampling::{Distribution, SamplingParams};
-use engine::verify::verify;
+use engine::verify::{verify, verify_tree};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -87,6 +89,41 @@ fn speculative_sample(prompt: &[u32], rng: &mut ChaCha8Rng) -> Vec<u32> {
     seq[prompt.len()..].to_vec()
 }
 
+/// Decoding through the tree verifier: each step drafts a random tree (up to three distinct
+/// children per node, up to two levels, so several siblings are tried in turn and some are
+/// rejected), scores [last, nodes...] in tree order and keeps what `verify_tree` returns.
+fn tree_sample(prompt: &[u32], rng: &mut ChaCha8Rng) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    while seq.len() < prompt.len() + LEN {
+        let depth = rng
+            .random_range(0..=2usize)
+            .min(prompt.len() + LEN - seq.len() - 1);
+        let mut tree = DraftTree::new();
+        let mut frontier = vec![ROOT];
+        for _ in 0..depth {
+            let mut next = Vec::new();
+            for &parent in &frontier {
+                let mut tokens: Vec<u32> = (0..VOCAB as u32).collect();
+                for _ in 0..rng.random_range(0..=3usize) {
+                    let t = tokens.swap_remove(rng.random_range(0..tokens.len()));
+                    next.push(tree.push(t, parent, Source::Model) as u32);
+                }
+            }
+            frontier = next;
+        }
+        let mut rows = toy_logits(&seq);
+        for node in 0..tree.len() {
+            let mut ctx = seq.clone();
+            ctx.extend(tree.path(node).iter().map(|&i| tree.tokens()[i]));
+            rows.extend(toy_logits(&ctx));
+        }
+        let v = verify_tree(&rows, VOCAB, &tree, &seq, &params(), rng);
+        seq.extend(&v.tokens);
+    }
+    seq.truncate(prompt.len() + LEN);
+    seq[prompt.len()..].to_vec()
+}
+
 fn total_variation(
     counts: &HashMap<Vec<u32>, usize>,
     n: usize,
@@ -158,4 +195,18 @@ fn the_bound_detects_a_biased_sampler() {
         *biased.entry(s).or_insert(0) += 1;
     }
     assert!(total_variation(&biased, n, &truth) > 0.04);
+}
+
+#[test]
+fn tree_sampling_matches_plain_distribution() {
+    let prompt = [2u32, 4];
+    let truth = exact(&prompt);
+    let n = 60_000;
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let mut counts = HashMap::new();
+    for _ in 0..n {
+        *counts.entry(tree_sample(&prompt, &mut rng)).or_insert(0) += 1;
+    }
+    let tv = total_variation(&counts, n, &truth);
+    assert!(tv < 0.04, "tree sampler off: {tv}");
 }

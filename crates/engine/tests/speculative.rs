@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use drafting::SpecConfig;
+use drafting::{SpecConfig, SpecMethod};
 use engine::{FinishReason, GenerationConfig, GenerationOutput, LoadedModel, Message};
 
 fn run(lm: &LoadedModel, prompt: &[u32], config: GenerationConfig, ctx: usize) -> GenerationOutput {
@@ -80,6 +80,69 @@ fn greedy_identity_over_k_and_ngram_ranges() {
     }
 }
 
+/// Greedy settings that draft trees: `max_nodes` nodes at most, up to 8 deep, from the n-gram
+/// index and the model's own earlier predictions.
+fn tree(max_new_tokens: usize, max_nodes: usize, adaptive: bool) -> GenerationConfig {
+    let mut c = greedy(max_new_tokens, 8, 1, 3);
+    c.speculation.method = SpecMethod::Tree;
+    c.speculation.tree_max_nodes = max_nodes;
+    c.speculation.adaptive = adaptive;
+    c
+}
+
+#[test]
+fn tree_drafts_give_plain_greedy_output() {
+    for (alias, file) in FIXTURE_MODELS {
+        let fx = fixture(file);
+        let lm = model(alias);
+        for case in &fx.generation {
+            let plain = run(&lm, &case.prompt_ids, greedy(48, 0, 1, 1), 4096);
+            for (nodes, adaptive) in [(24, false), (63, false), (24, true)] {
+                let spec = run(&lm, &case.prompt_ids, tree(48, nodes, adaptive), 4096);
+                let what = format!("{} tree of {nodes} nodes, adaptive {adaptive}", case.name);
+                assert_same(alias, &what, &plain, &spec);
+                assert!(spec.stats.draft_tokens <= nodes * spec.stats.steps);
+                if !adaptive {
+                    // Trees were really sent and some branch was really taken.
+                    assert!(
+                        spec.stats.drafted_by_source.model > 0,
+                        "{what}: {:?}",
+                        spec.stats
+                    );
+                    assert!(spec.stats.accepted_tokens > 0, "{what}: {:?}", spec.stats);
+                }
+            }
+        }
+    }
+}
+
+/// Trees and chains of different sequences share passes as the server batches them: each
+/// sequence's output is still its plain greedy output.
+#[test]
+fn trees_and_chains_batched_together_stay_exact() {
+    let lm = model("smollm2-135m");
+    let prompts = [
+        grounded_prompt(&lm, "code_edit"),
+        grounded_prompt(&lm, "json_extraction"),
+        grounded_prompt(&lm, "code_edit"),
+    ];
+    let configs = [tree(64, 24, false), greedy(64, 8, 1, 3), tree(64, 8, true)];
+    let mut seqs: Vec<engine::Sequence> = prompts
+        .iter()
+        .zip(&configs)
+        .map(|(p, c)| engine::Sequence::new(&lm.model, p.clone(), c.clone(), 4096).unwrap())
+        .collect();
+    while seqs.iter().any(|s| !s.is_finished()) {
+        let mut refs: Vec<&mut engine::Sequence> = seqs.iter_mut().collect();
+        engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
+    }
+    for (i, (seq, prompt)) in seqs.into_iter().zip(&prompts).enumerate() {
+        let plain = run(&lm, prompt, greedy(64, 0, 1, 1), 4096);
+        let out = seq.into_output();
+        assert_eq!(plain.token_ids, out.token_ids, "sequence {i} of the batch");
+    }
+}
+
 #[test]
 fn grounded_prompts_accept_drafts_and_stay_identical() {
     let lm = model("smollm2-135m");
@@ -104,6 +167,12 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
         let spec = run(&lm, &prompt, adaptive, 4096);
         assert_same("smollm2-135m", category, &plain, &spec);
         assert!(spec.stats.draft_tokens <= 8 * spec.stats.steps);
+        // A tree keeps the n-gram chain's branches and adds the model's: at least as many
+        // tokens per pass, and never a different output.
+        let t = run(&lm, &prompt, tree(96, 32, false), 4096);
+        assert_same("smollm2-135m", &format!("{category} tree"), &plain, &t);
+        assert!(t.stats.accepted_by_source.ngram > 0, "{:?}", t.stats);
+        assert!(t.stats.steps < plain.stats.steps);
     }
 }
 
@@ -181,6 +250,9 @@ fn edge_cases_end_where_plain_decoding_ends() {
     assert_same(alias, "full context", &plain, &spec);
     assert_eq!(spec.finish_reason, FinishReason::Length);
     assert!(code.len() + spec.token_ids.len() <= ctx);
+    // A tree's nodes each take a cache slot: near the end it must shrink to what fits.
+    let spec = run(&lm, &code, tree(200, 32, false), ctx);
+    assert_same(alias, "full context, tree", &plain, &spec);
 }
 
 /// Log-probabilities come from the logit row that predicted each token; a verification pass
@@ -199,6 +271,18 @@ fn logprobs_are_identical_with_and_without_speculation() {
     assert_same("smollm2-135m", "logprobs", &plain, &spec);
     assert!(spec.stats.accepted_tokens > 0, "drafts were accepted");
     assert_eq!(plain.logprobs, spec.logprobs);
+    // Through a tree: each token's row is its parent node's, wherever that sat in the pass.
+    let t = run(
+        &lm,
+        &prompt,
+        GenerationConfig {
+            logprobs: Some(3),
+            ..tree(32, 24, false)
+        },
+        4096,
+    );
+    assert!(t.stats.accepted_tokens > 0, "tree drafts were accepted");
+    assert_eq!(plain.logprobs, t.logprobs);
     let ended_by_eos = plain.finish_reason == FinishReason::Stop;
     assert_eq!(
         plain.logprobs.len() + usize::from(ended_by_eos),

@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use drafting::SpecOverrides;
 use engine::{FinishReason, GenerationConfig, LoadedModel, Message, SamplingParams, TokenLogprob};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -26,15 +26,45 @@ use tokio::sync::mpsc;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let cors = cors_layer(&state.config.cors_origins);
+    let router = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .route("/health", get(|| async { "ok" }))
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: a preflight is answered before authentication.
+    match cors {
+        Some(c) => router.layer(c),
+        None => router,
+    }
+}
+
+/// CORS for the given origins (`*` for any); none: no CORS headers at all.
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let list: Vec<axum::http::HeaderValue> =
+            origins.iter().filter_map(|o| o.parse().ok()).collect();
+        AllowOrigin::list(list)
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any)
+            .max_age(std::time::Duration::from_secs(3600)),
+    )
 }
 
 /// An OpenAI-shaped error.
@@ -42,17 +72,17 @@ pub struct ApiError {
     status: StatusCode,
     message: String,
     kind: &'static str,
-    param: Option<&'static str>,
+    param: Option<String>,
     code: Option<&'static str>,
 }
 
 impl ApiError {
-    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+    fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             kind: "invalid_request_error",
-            param,
+            param: param.map(str::to_string),
             code: None,
         }
     }
@@ -70,18 +100,29 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Who sent a request: the index of its API key (0 for every request when the server has no
+/// keys). Per-tenant state (the drafting corpus) is kept apart by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant(pub usize);
+
 async fn authorize(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &state.config.api_key {
+    let keys = &state.config.api_keys;
+    if !keys.is_empty() {
         let given = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim());
+        let tenant = given.and_then(|g| keys.iter().position(|k| k == g));
+        if let Some(t) = tenant {
+            request.extensions_mut().insert(Tenant(t));
+        } else {
             state.metrics.count_status(401);
             return ApiError {
                 status: StatusCode::UNAUTHORIZED,
@@ -92,6 +133,8 @@ async fn authorize(
             }
             .into_response();
         }
+    } else {
+        request.extensions_mut().insert(Tenant(0));
     }
     next.run(request).await
 }
@@ -195,24 +238,25 @@ struct Common {
 /// The most alternatives per token a request may ask for (OpenAI's limit).
 const MAX_TOP_LOGPROBS: usize = 20;
 
+/// The fields only chat completions have.
 #[derive(Deserialize)]
-struct ChatRequest {
+struct ChatFields {
     messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    common: Common,
 }
 
+/// The fields only text completions have.
 #[derive(Deserialize)]
-struct CompletionRequest {
+struct TextFields {
     prompt: Value,
-    #[serde(flatten)]
-    common: Common,
 }
 
-/// Parses a JSON body, turning every way it can be wrong into a 400 (or 413).
-fn parse<T: serde::de::DeserializeOwned>(
+/// Parses a JSON body and checks its fields (see `check_fields`), turning every way it can be
+/// wrong into a 400 (or 413).
+fn parse(
     body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
+    kind: Kind,
+    lenient: bool,
+) -> Result<Value, ApiError> {
     let body = body.map_err(|e| ApiError {
         status: e.status(),
         message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -224,8 +268,22 @@ fn parse<T: serde::de::DeserializeOwned>(
         param: None,
         code: None,
     })?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    check_fields(&value, kind, lenient)?;
+    Ok(value)
+}
+
+/// Reads the fields of `T` from a parsed body; a wrong type names the field at fault.
+fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        ApiError::bad_request(
+            format!("invalid request: {}", e.into_inner()),
+            param.as_deref(),
+        )
+    })
 }
 
 impl Common {
@@ -281,7 +339,7 @@ impl Common {
                 status: StatusCode::NOT_FOUND,
                 message: format!("The model `{}` does not exist.", self.model),
                 kind: "invalid_request_error",
-                param: Some("model"),
+                param: Some("model".into()),
                 code: Some("model_not_found"),
             });
         }
@@ -298,7 +356,7 @@ impl Common {
                     "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens."
                 ),
                 kind: "invalid_request_error",
-                param: Some("messages"),
+                param: Some(kind.prompt_field().into()),
                 code: Some("context_length_exceeded"),
             });
         }
@@ -314,6 +372,32 @@ impl Common {
             ));
         }
         let temperature = self.temperature.unwrap_or(1.0);
+        let range = |name: &str, v: Option<f32>, ok: fn(f32) -> bool, what: &str| match v {
+            Some(x) if !ok(x) => Err(ApiError::bad_request(
+                format!("{name} must be {what}, got {x}"),
+                Some(name),
+            )),
+            _ => Ok(()),
+        };
+        range(
+            "temperature",
+            self.temperature,
+            |t| (0.0..=2.0).contains(&t),
+            "between 0 and 2",
+        )?;
+        range("top_p", self.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
+        range(
+            "min_p",
+            self.min_p,
+            |p| (0.0..=1.0).contains(&p),
+            "in [0, 1]",
+        )?;
+        range(
+            "repetition_penalty",
+            self.repetition_penalty,
+            |r| r > 0.0 && r.is_finite(),
+            "above 0",
+        )?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -368,10 +452,13 @@ impl Common {
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
-        let req: ChatRequest = parse(body)?;
+        let value = parse(body, Kind::Chat, state.config.lenient)?;
+        let common: Common = typed(&value)?;
+        let req: ChatFields = typed(&value)?;
         if req.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages must not be empty",
@@ -379,7 +466,18 @@ async fn chat_completions(
             ));
         }
         let mut messages = Vec::with_capacity(req.messages.len());
-        for m in &req.messages {
+        for (i, m) in req.messages.iter().enumerate() {
+            if !["system", "developer", "user", "assistant"].contains(&m.role.as_str()) {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "messages[{i}].role '{}' is not supported (system, developer, user, assistant)",
+                        m.role
+                    ),
+                    Some(&format!("messages[{i}].role")),
+                ));
+            }
+            // Chat templates know `system`; `developer` is OpenAI's newer name for it.
+            let role = if m.role == "developer" { "system" } else { &m.role };
             let content = match &m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t.clone(),
@@ -397,19 +495,15 @@ async fn chat_completions(
                     s
                 }
             };
-            messages.push(Message::new(&m.role, &content));
+            messages.push(Message::new(role, &content));
         }
-        let prompt = state
-            .lm
+        let lm = state.lm.clone();
+        let prompt = lm
             .render_chat(&messages)
             .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-        let ids = state
-            .lm
-            .tokenizer
-            .encode_prompt(&prompt)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-        let config = req.common.config(&state, ids.len(), Kind::Chat)?;
-        Ok(respond(&state, ids, config, &req.common, Kind::Chat).await)
+        let ids = tokenize(&state, prompt, Kind::Chat).await?;
+        let config = common.config(&state, ids.len(), Kind::Chat)?;
+        Ok(respond(&state, tenant, ids, config, &common, Kind::Chat).await)
     }
     .await;
     finish(&state, result)
@@ -417,10 +511,13 @@ async fn chat_completions(
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
-        let req: CompletionRequest = parse(body)?;
+        let value = parse(body, Kind::Text, state.config.lenient)?;
+        let common: Common = typed(&value)?;
+        let req: TextFields = typed(&value)?;
         let prompt = match &req.prompt {
             Value::String(s) => s.clone(),
             Value::Array(a) if a.len() == 1 && a[0].is_string() => {
@@ -433,22 +530,81 @@ async fn completions(
                 ))
             }
         };
-        let ids = state
-            .lm
-            .tokenizer
-            .encode_prompt(&prompt)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
+        let ids = tokenize(&state, prompt, Kind::Text).await?;
         if ids.is_empty() {
             return Err(ApiError::bad_request(
                 "prompt must not be empty",
                 Some("prompt"),
             ));
         }
-        let config = req.common.config(&state, ids.len(), Kind::Text)?;
-        Ok(respond(&state, ids, config, &req.common, Kind::Text).await)
+        let config = common.config(&state, ids.len(), Kind::Text)?;
+        Ok(respond(&state, tenant, ids, config, &common, Kind::Text).await)
     }
     .await;
     finish(&state, result)
+}
+
+/// Tokenizes a prompt off the async workers (a multi-megabyte prompt takes a while), after
+/// refusing one whose byte length alone proves it longer than the context: no token is longer
+/// than the tokenizer's longest piece.
+async fn tokenize(state: &Arc<AppState>, prompt: String, kind: Kind) -> Result<Vec<u32>, ApiError> {
+    let ctx = state.config.max_model_len;
+    let longest = state.longest_token_bytes.max(1);
+    let fewest_tokens = prompt.len() / longest;
+    if fewest_tokens >= ctx {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt has at least {fewest_tokens} tokens ({} bytes).",
+                prompt.len()
+            ),
+            kind: "invalid_request_error",
+            param: Some(kind.prompt_field().into()),
+            code: Some("context_length_exceeded"),
+        });
+    }
+    let lm = state.lm.clone();
+    tokio::task::spawn_blocking(move || lm.tokenizer.encode_prompt(&prompt))
+        .await
+        .map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("tokenizing failed: {e}"),
+            kind: "server_error",
+            param: None,
+            code: None,
+        })?
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some(kind.prompt_field())))
+}
+
+/// OpenAI-shaped answers for paths and methods the API does not have.
+async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let r = ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no route for {} {}", request.method(), request.uri().path()),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("not_found"),
+    }
+    .into_response();
+    state.metrics.count_status(404);
+    r
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let r = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!(
+            "method {} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("method_not_allowed"),
+    }
+    .into_response();
+    state.metrics.count_status(405);
+    r
 }
 
 fn finish(state: &AppState, result: Result<Response, ApiError>) -> Response {
@@ -466,6 +622,96 @@ enum Kind {
     Text,
 }
 
+impl Kind {
+    /// The request field that holds the prompt.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Text => "prompt",
+        }
+    }
+
+    /// The fields of this endpoint's requests that pld reads.
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            Kind::Chat => &["messages"],
+            Kind::Text => &["prompt"],
+        }
+    }
+}
+
+/// Fields read by both endpoints.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "speculative_config",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// OpenAI fields accepted only with the value that changes nothing (what pld does anyway);
+/// any other value is refused rather than silently ignored.
+fn neutral(field: &str, v: &Value) -> Option<bool> {
+    let empty = |v: &Value| {
+        v.is_null()
+            || v.as_object().is_some_and(|o| o.is_empty())
+            || v.as_array().is_some_and(|a| a.is_empty())
+    };
+    Some(match field {
+        "user" => v.is_string() || v.is_null(),
+        "frequency_penalty" | "presence_penalty" => v.is_null() || v.as_f64() == Some(0.0),
+        "logit_bias" | "metadata" | "tools" => empty(v),
+        "response_format" => v.is_null() || v.get("type").and_then(Value::as_str) == Some("text"),
+        "tool_choice" => v.is_null() || v.as_str() == Some("none"),
+        "parallel_tool_calls" | "store" | "echo" => v.is_null() || v.is_boolean(),
+        "suffix" => v.is_null(),
+        "best_of" => v.is_null() || v.as_u64() == Some(1),
+        _ => return None,
+    })
+}
+
+/// Checks every top-level field of a request: fields pld reads pass; OpenAI fields whose value
+/// pld cannot honour, and unknown fields, are a 400 naming the field, unless the server is
+/// lenient, in which case they are logged and ignored.
+fn check_fields(body: &Value, kind: Kind, lenient: bool) -> Result<(), ApiError> {
+    let Some(object) = body.as_object() else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+            None,
+        ));
+    };
+    for (name, value) in object {
+        if COMMON_FIELDS.contains(&name.as_str()) || kind.fields().contains(&name.as_str()) {
+            continue;
+        }
+        let problem = match neutral(name, value) {
+            Some(true) => continue,
+            Some(false) => format!("'{name}' is not supported with this value ({value})"),
+            None => format!("Unrecognized request argument supplied: {name}"),
+        };
+        if lenient {
+            tracing::warn!(field = %name, "ignored: {problem}");
+            continue;
+        }
+        return Err(ApiError::bad_request(problem, Some(name)));
+    }
+    Ok(())
+}
+
 fn finish_reason(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Stop => "stop",
@@ -476,6 +722,7 @@ fn finish_reason(r: FinishReason) -> &'static str {
 /// Submits the request to the engine loop and answers, streamed or whole.
 async fn respond(
     state: &Arc<AppState>,
+    tenant: Tenant,
     ids: Vec<u32>,
     config: GenerationConfig,
     common: &Common,
@@ -484,6 +731,7 @@ async fn respond(
     let config_logprobs = config.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
+        tenant,
         prompt: ids,
         config,
         events: tx,
@@ -491,14 +739,20 @@ async fn respond(
     };
     if let Err(e) = state.scheduler.submit(job, &state.metrics) {
         return match e {
-            SubmitError::QueueFull => ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message: "the server is at capacity (the request queue is full); retry later"
-                    .into(),
-                kind: "rate_limit_error",
-                param: None,
-                code: Some("queue_full"),
-            },
+            SubmitError::QueueFull => {
+                let mut r = ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    message: "the server is at capacity (the request queue is full); retry later"
+                        .into(),
+                    kind: "rate_limit_error",
+                    param: None,
+                    code: Some("queue_full"),
+                }
+                .into_response();
+                r.headers_mut()
+                    .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                return r;
+            }
             SubmitError::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message: "the engine has stopped".into(),

@@ -14,7 +14,11 @@ use std::sync::Arc;
 pub struct ServerConfig {
     /// The name clients use in `model` (the alias or file name it was started with).
     pub model_name: String,
-    pub api_key: Option<String>,
+    /// Keys accepted in `Authorization: Bearer KEY` (none: no authentication). Each key is one
+    /// tenant: drafts from earlier requests (the corpus source) come only from the same key's.
+    pub api_keys: Vec<String>,
+    /// Tokens of earlier prompts and outputs kept per tenant for drafting (0: no corpus).
+    pub corpus_tokens: usize,
     pub max_num_seqs: usize,
     /// Requests waiting beyond `max_num_seqs` before new ones get 429.
     pub max_queue: usize,
@@ -22,6 +26,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Speculation defaults (each request may override them, see `SpecConfig::merge`).
     pub spec: drafting::SpecConfig,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// Log and ignore request fields pld cannot honour instead of refusing them.
+    pub lenient: bool,
 }
 
 /// Everything the handlers share.
@@ -30,6 +38,8 @@ pub struct AppState {
     pub config: ServerConfig,
     pub scheduler: scheduler::Scheduler,
     pub metrics: Arc<metrics::Metrics>,
+    /// Bytes of the tokenizer's longest token (for the prompt-length pre-check).
+    pub longest_token_bytes: usize,
 }
 
 /// Starts the engine loop and returns the router serving the API.
@@ -37,6 +47,7 @@ pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
     let metrics = Arc::new(metrics::Metrics::default());
     let scheduler = scheduler::Scheduler::start(lm.clone(), &config, metrics.clone());
     let state = Arc::new(AppState {
+        longest_token_bytes: lm.tokenizer.longest_token_bytes(),
         lm,
         config,
         scheduler,

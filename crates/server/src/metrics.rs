@@ -65,6 +65,10 @@ pub struct Metrics {
     pub draft_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
     pub verification_steps: AtomicU64,
+    /// Drafted and accepted tokens by draft source (ngram, model, corpus), as the engine's
+    /// `BySource` counts them.
+    pub drafted_by_source: Mutex<engine::BySource>,
+    pub accepted_by_source: Mutex<engine::BySource>,
     pub time_to_first_token: Histogram,
     pub time_per_output_token: Histogram,
 }
@@ -80,6 +84,8 @@ impl Default for Metrics {
             draft_tokens: AtomicU64::new(0),
             accepted_tokens: AtomicU64::new(0),
             verification_steps: AtomicU64::new(0),
+            drafted_by_source: Mutex::default(),
+            accepted_by_source: Mutex::default(),
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
             time_per_output_token: Histogram::new(TPOT_BOUNDS),
         }
@@ -138,6 +144,31 @@ impl Metrics {
             out.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
             ));
+        }
+        for (name, help, counts) in [
+            (
+                "pld_spec_decode_draft_tokens_by_source_total",
+                "Drafted tokens by draft source.",
+                &self.drafted_by_source,
+            ),
+            (
+                "pld_spec_decode_accepted_tokens_by_source_total",
+                "Accepted drafted tokens by draft source.",
+                &self.accepted_by_source,
+            ),
+        ] {
+            let c = *counts.lock().unwrap_or_else(|e| e.into_inner());
+            out.push_str(&format!(
+                "# HELP {name} {help}
+# TYPE {name} counter
+"
+            ));
+            for (source, v) in [("ngram", c.ngram), ("model", c.model), ("corpus", c.corpus)] {
+                out.push_str(&format!(
+                    "{name}{{source=\"{source}\"}} {v}
+"
+                ));
+            }
         }
         let drafts = get(&self.draft_tokens);
         let rate = if drafts > 0 {

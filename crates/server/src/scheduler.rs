@@ -11,14 +11,22 @@
 //! batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
 //! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
 //! (`ROW_BUDGET`).
+//!
+//! Each tenant (API key) has a corpus of its earlier prompts and outputs, bounded in tokens; a
+//! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
+//! its prompt and output to it when it finishes.
 
+use crate::api::Tenant;
 use crate::metrics::Metrics;
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
+use drafting::{Corpus, SharedCorpus};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -43,6 +51,7 @@ pub enum Event {
 }
 
 pub struct Job {
+    pub tenant: Tenant,
     pub prompt: Vec<u32>,
     pub config: GenerationConfig,
     pub events: UnboundedSender<Event>,
@@ -64,9 +73,13 @@ impl Scheduler {
         let (tx, rx) = sync_channel(config.max_queue);
         let max_seqs = config.max_num_seqs.max(1);
         let ctx = config.max_model_len;
+        let corpora = Corpora {
+            tokens: config.corpus_tokens,
+            by_tenant: HashMap::new(),
+        };
         std::thread::Builder::new()
             .name("pld-engine".into())
-            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, &metrics))
+            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, &metrics))
             .expect("spawn the engine thread");
         Scheduler { queue: tx }
     }
@@ -83,7 +96,28 @@ impl Scheduler {
     }
 }
 
+/// The drafting corpus of each tenant, created on its first request.
+struct Corpora {
+    tokens: usize,
+    by_tenant: HashMap<Tenant, SharedCorpus>,
+}
+
+impl Corpora {
+    fn of(&mut self, tenant: Tenant) -> Option<SharedCorpus> {
+        if self.tokens == 0 {
+            return None;
+        }
+        let tokens = self.tokens;
+        let c = self
+            .by_tenant
+            .entry(tenant)
+            .or_insert_with(|| Arc::new(Mutex::new(Corpus::new(tokens))));
+        Some(c.clone())
+    }
+}
+
 struct Running {
+    tenant: Tenant,
     seq: Sequence,
     events: UnboundedSender<Event>,
     arrived: Instant,
@@ -100,6 +134,7 @@ fn engine_loop(
     rx: Receiver<Job>,
     max_seqs: usize,
     ctx: usize,
+    mut corpora: Corpora,
     metrics: &Metrics,
 ) {
     let mut running: Vec<Running> = Vec::new();
@@ -121,18 +156,27 @@ fn engine_loop(
         // Admit: block when idle, otherwise take what is waiting.
         if running.is_empty() {
             match rx.recv() {
-                Ok(job) => admit(lm, job, ctx, metrics, &mut running),
+                Ok(job) => admit(lm, job, ctx, &mut corpora, metrics, &mut running),
                 Err(_) => return,
             }
         }
         while running.len() < max_seqs {
             match rx.try_recv() {
-                Ok(job) => admit(lm, job, ctx, metrics, &mut running),
+                Ok(job) => admit(lm, job, ctx, &mut corpora, metrics, &mut running),
                 Err(_) => break,
             }
         }
         // Cancellation: a closed channel means the client is gone.
-        running.retain(|r| !r.events.is_closed());
+        running.retain(|r| {
+            let gone = r.events.is_closed();
+            if gone {
+                // What a cancelled request generated was still generated.
+                metrics
+                    .generation_tokens
+                    .fetch_add(r.seq.generated_tokens().len() as u64, Ordering::Relaxed);
+            }
+            !gone
+        });
         metrics
             .running
             .store(running.len() as u64, Ordering::Relaxed);
@@ -142,7 +186,7 @@ fn engine_loop(
         let n = running.len();
         let price = cost.draft_token_cost(n);
         let decode_only = running.iter().all(|r| !r.seq.in_prefill());
-        let before: Vec<(usize, usize, usize)> = running
+        let before: Vec<(usize, usize, usize, engine::BySource, engine::BySource)> = running
             .iter_mut()
             .map(|r| {
                 if r.seq.config().sampling.is_greedy() {
@@ -156,6 +200,8 @@ fn engine_loop(
                     r.seq.stats.draft_tokens,
                     r.seq.stats.accepted_tokens,
                     r.seq.stats.steps,
+                    r.seq.stats.drafted_by_source,
+                    r.seq.stats.accepted_by_source,
                 )
             })
             .collect();
@@ -168,7 +214,7 @@ fn engine_loop(
             let drafted: usize = running
                 .iter()
                 .zip(&before)
-                .map(|(r, (d0, _, _))| r.seq.stats.draft_tokens - d0)
+                .map(|(r, b)| r.seq.stats.draft_tokens - b.0)
                 .sum();
             cost.observe(n + drafted, started.elapsed().as_secs_f64());
         }
@@ -180,7 +226,21 @@ fn engine_loop(
             continue;
         }
         let now = Instant::now();
-        for (r, (d0, a0, s0)) in running.iter_mut().zip(before) {
+        for (r, (d0, a0, s0, ds0, as0)) in running.iter_mut().zip(before) {
+            let s = &r.seq.stats;
+            let delta = |now: engine::BySource, then: engine::BySource| engine::BySource {
+                ngram: now.ngram - then.ngram,
+                model: now.model - then.model,
+                corpus: now.corpus - then.corpus,
+            };
+            let add = |c: &Mutex<engine::BySource>, d: engine::BySource| {
+                c.lock().unwrap_or_else(|e| e.into_inner()).add(&d);
+            };
+            add(&metrics.drafted_by_source, delta(s.drafted_by_source, ds0));
+            add(
+                &metrics.accepted_by_source,
+                delta(s.accepted_by_source, as0),
+            );
             metrics
                 .draft_tokens
                 .fetch_add((r.seq.stats.draft_tokens - d0) as u64, Ordering::Relaxed);
@@ -218,6 +278,11 @@ fn engine_loop(
                 let per = (now - first).as_secs_f64() / (completion - 1) as f64;
                 metrics.time_per_output_token.observe(per);
             }
+            if let Some(c) = corpora.by_tenant.get(&r.tenant) {
+                let mut document = r.seq.prompt_tokens().to_vec();
+                document.extend_from_slice(r.seq.generated_tokens());
+                c.lock().unwrap_or_else(|e| e.into_inner()).add(&document);
+            }
             let s = &r.seq.stats;
             tracing::info!(
                 prompt_tokens = prompt,
@@ -243,7 +308,14 @@ fn engine_loop(
     }
 }
 
-fn admit(lm: &LoadedModel, job: Job, ctx: usize, metrics: &Metrics, running: &mut Vec<Running>) {
+fn admit(
+    lm: &LoadedModel,
+    job: Job,
+    ctx: usize,
+    corpora: &mut Corpora,
+    metrics: &Metrics,
+    running: &mut Vec<Running>,
+) {
     metrics.waiting.fetch_sub(1, Ordering::Relaxed);
     if job.events.is_closed() {
         return;
@@ -252,8 +324,14 @@ fn admit(lm: &LoadedModel, job: Job, ctx: usize, metrics: &Metrics, running: &mu
         .prompt_tokens
         .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
     match Sequence::new(&lm.model, job.prompt, job.config, ctx) {
-        Ok(seq) => running.push(Running {
-            seq,
+        Ok(mut seq) => running.push(Running {
+            tenant: job.tenant,
+            seq: {
+                if let Some(c) = corpora.of(job.tenant) {
+                    seq.set_corpus(c);
+                }
+                seq
+            },
             events: job.events,
             arrived: job.arrived,
             first_token: None,

@@ -20,7 +20,8 @@ fn model() -> Arc<LoadedModel> {
 fn config() -> ServerConfig {
     ServerConfig {
         model_name: "smollm2-135m".into(),
-        api_key: None,
+        api_keys: Vec::new(),
+        corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         max_num_seqs: 16,
         max_queue: 64,
         max_model_len: 2048,
@@ -31,7 +32,10 @@ fn config() -> ServerConfig {
             prompt_lookup_min: 1,
             match_policy: drafting::MatchPolicy::Recent,
             adaptive: true,
+            ..Default::default()
         },
+        cors_origins: Vec::new(),
+        lenient: false,
     }
 }
 
@@ -260,6 +264,7 @@ async fn bad_requests_get_openai_errors() {
     body["max_tokens"] = json!("four");
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "max_tokens", "{v}");
     let mut body = chat("hi", 4);
     body["model"] = json!("gpt-17");
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
@@ -301,7 +306,7 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_is_required_when_set() {
     let mut c = config();
-    c.api_key = Some("sekret".into());
+    c.api_keys = vec!["sekret".into()];
     let base = start(c).await;
     let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
     assert_error(s, &v, 401);
@@ -329,6 +334,234 @@ async fn api_key_is_required_when_set() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+/// Fields pld cannot honour are refused by name (or, lenient, ignored); values out of range name
+/// their field; unknown routes and methods answer in OpenAI's shape; `/v1/completions` names
+/// `prompt` in its context error, also when the byte length alone proves the prompt too long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_requests_name_the_field_at_fault() {
+    let mut c = config();
+    c.max_model_len = 64;
+    let base = start(c.clone()).await;
+    let refused = |field: &'static str, value: Value| {
+        let base = base.clone();
+        async move {
+            let mut body = chat("hi", 2);
+            body[field] = value;
+            let (s, v) = post(&base, "/v1/chat/completions", body).await;
+            assert_error(s, &v, 400);
+            v["error"]["param"].as_str().unwrap_or("").to_string()
+        }
+    };
+    assert_eq!(refused("frobnicate", json!(1)).await, "frobnicate");
+    assert_eq!(refused("logit_bias", json!({"15": 10})).await, "logit_bias");
+    assert_eq!(
+        refused("presence_penalty", json!(0.5)).await,
+        "presence_penalty"
+    );
+    assert_eq!(refused("temperature", json!(2.5)).await, "temperature");
+    assert_eq!(refused("top_p", json!(0)).await, "top_p");
+    // What changes nothing is accepted.
+    let mut body = chat("hi", 2);
+    body["logit_bias"] = json!({});
+    body["presence_penalty"] = json!(0);
+    body["user"] = json!("someone");
+    body["response_format"] = json!({"type": "text"});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    let mut body = chat("hi", 2);
+    body["messages"][0]["role"] = json!("wizard");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "messages[0].role", "{v}");
+    // Context errors of text completions name `prompt`: counted in tokens, and from the byte
+    // length alone.
+    for prompt in ["word ".repeat(200), "word ".repeat(12_000)] {
+        let (s, v) = post(
+            &base,
+            "/v1/completions",
+            json!({"model": "smollm2-135m", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+        assert_error(s, &v, 400);
+        assert_eq!(v["error"]["param"], "prompt", "{v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    }
+    // Unknown paths and methods.
+    let r = client()
+        .get(format!("{base}/v1/nothing"))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    assert_error(s, &r.json().await.unwrap(), 404);
+    let r = client()
+        .get(format!("{base}/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    assert_error(s, &r.json().await.unwrap(), 405);
+    let metrics = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for status in ["404", "405"] {
+        assert!(
+            metrics.contains(&format!("pld_requests_total{{status=\"{status}\"}} 1")),
+            "{status} counted"
+        );
+    }
+    // A lenient server logs and ignores what it cannot honour.
+    c.lenient = true;
+    let lenient = start(c).await;
+    let mut body = chat("hi", 2);
+    body["frobnicate"] = json!(1);
+    body["logit_bias"] = json!({"15": 10});
+    let (s, v) = post(&lenient, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// CORS: off by default; with an allowed origin, a preflight is answered before the API key is
+/// checked, and answers carry the allow-origin header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_preflight_is_answered_before_authentication() {
+    let preflight = |base: String| async move {
+        client()
+            .request(
+                reqwest::Method::OPTIONS,
+                format!("{base}/v1/chat/completions"),
+            )
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+            .await
+            .unwrap()
+    };
+    let mut c = config();
+    c.api_keys = vec!["sekret".into()];
+    let closed = start(c.clone()).await;
+    let r = preflight(closed).await;
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    c.cors_origins = vec!["https://app.example".into()];
+    let open = start(c).await;
+    let r = preflight(open.clone()).await;
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    // The real request still needs the key, and its answer carries the header too; the scheme
+    // is case-insensitive.
+    let r = client()
+        .post(format!("{open}/v1/chat/completions"))
+        .header("origin", "https://app.example")
+        .header("authorization", "bearer sekret")
+        .json(&chat("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let r = client()
+        .post(format!("{open}/v1/chat/completions"))
+        .header("origin", "https://app.example")
+        .json(&chat("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+}
+
+/// Corpus drafts stay within a tenant: a request repeated under the same key drafts from the
+/// first one's prompt and output, the same request under another key gets nothing from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corpus_drafts_never_cross_api_keys() {
+    let mut c = config();
+    c.api_keys = vec!["alice".into(), "bob".into()];
+    let base = start(c).await;
+    let mut body = chat(
+        "Name three colours of the rainbow, then three planets of the solar system.",
+        40,
+    );
+    // Only the corpus source, every node sent: what it drafts is what it found.
+    body["speculative_config"] =
+        json!({"method": "tree", "tree_sources": ["corpus"], "adaptive": false});
+    let ask = |key: &'static str| {
+        let (base, body) = (base.clone(), body.clone());
+        async move {
+            let r = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let v: Value = r.json().await.unwrap();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let corpus_counts = || {
+        let base = base.clone();
+        async move {
+            let text = client()
+                .get(format!("{base}/metrics"))
+                .bearer_auth("alice")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let get = |name: &str| -> u64 {
+                let key = format!("{name}{{source=\"corpus\"}} ");
+                let line = text.lines().find(|l| l.starts_with(&key)).expect(&key);
+                line[key.len()..].parse().unwrap()
+            };
+            (
+                get("pld_spec_decode_draft_tokens_by_source_total"),
+                get("pld_spec_decode_accepted_tokens_by_source_total"),
+            )
+        }
+    };
+    let first = ask("alice").await;
+    assert_eq!(
+        corpus_counts().await,
+        (0, 0),
+        "an empty corpus drafts nothing"
+    );
+    // Bob's corpus is still empty: Alice's request must not reach it.
+    let bob = ask("bob").await;
+    assert_eq!(
+        corpus_counts().await,
+        (0, 0),
+        "alice's text drafted for bob"
+    );
+    assert_eq!(bob, first, "greedy output is the same for both");
+    // Alice again: her first request is now in her corpus, and it is copied.
+    let again = ask("alice").await;
+    assert_eq!(again, first);
+    let (drafted, accepted) = corpus_counts().await;
+    assert!(
+        drafted > 0 && accepted > 0,
+        "drafted {drafted}, accepted {accepted}"
     );
 }
 
@@ -458,8 +691,22 @@ async fn disconnect_frees_the_sequence_and_full_queue_is_429() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(waiting(&base).await, 1, "the second request waits");
-    let (s, v) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
-    assert_error(s, &v, 429);
+    let refused = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .map(|h| h.to_str().unwrap()),
+        Some("1"),
+        "a 429 says when to retry"
+    );
+    let s = refused.status().as_u16();
+    assert_error(s, &refused.json().await.unwrap(), 429);
     // The client goes away: the sequence stops and the queued request runs.
     drop(resp);
     let (s, _) = tokio::time::timeout(Duration::from_secs(60), queued)

@@ -7,7 +7,7 @@
 
 use super::results::{read_json, ForwardReport, ResultsFile};
 use clap::Args;
-use drafting::{Drafter, MatchPolicy, PassCost, SpecConfig};
+use drafting::{Drafter, MatchPolicy, PassCost, SpecConfig, SpecMethod};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -71,13 +71,10 @@ fn replay(turn: &Turn, spec: &SpecConfig, cost: &PassCost) -> Tally {
         let left = turn.output.len() - pos;
         let draft = drafter.propose(left - 1, None);
         let drafted = draft.len();
-        let accepted = draft
-            .iter()
-            .zip(&turn.output[pos..])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let path = draft.follow(&turn.output[pos..]);
+        let accepted = path.len();
         let emitted = accepted + 1;
-        drafter.observe(accepted);
+        drafter.observe(&path);
         drafter.observe_cost(drafted + 1, cost.relative(drafted + 1));
         for &tok in &turn.output[pos..pos + emitted] {
             drafter.push(tok);
@@ -123,38 +120,69 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
         None => PassCost::flat(),
     };
 
-    let mut results = Vec::new();
+    // Every chain setting, and trees from the n-gram source (the other sources need the model's
+    // logits or other requests, which a replay does not have).
+    let mut settings = Vec::new();
     for policy in MatchPolicy::ALL {
         for (min_n, max_n) in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 5)] {
             for k in [2usize, 3, 4, 6, 8, 12, 16] {
                 for adaptive in [false, true] {
-                    let spec = SpecConfig {
+                    settings.push(SpecConfig {
                         num_speculative_tokens: k,
                         prompt_lookup_max: max_n,
                         prompt_lookup_min: min_n,
                         match_policy: policy,
                         adaptive,
-                    };
-                    spec.validate()?;
-                    let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
-                    let mut all = Tally::default();
-                    for turn in &turns {
-                        let t = replay(turn, &spec, &cost);
-                        per_cat.entry(turn.category.clone()).or_default().add(&t);
-                        all.add(&t);
-                    }
-                    results.push((policy, min_n, max_n, k, adaptive, all, per_cat));
+                        ..SpecConfig::default()
+                    });
                 }
             }
         }
     }
-    results.sort_by(|a, b| b.5.speedup().total_cmp(&a.5.speedup()));
+    for (min_n, max_n) in [(1, 3), (1, 4), (2, 4)] {
+        for k in [4usize, 8, 16] {
+            for nodes in [8usize, 16, 32] {
+                for adaptive in [false, true] {
+                    settings.push(SpecConfig {
+                        method: SpecMethod::Tree,
+                        num_speculative_tokens: k,
+                        prompt_lookup_max: max_n,
+                        prompt_lookup_min: min_n,
+                        adaptive,
+                        tree_max_nodes: nodes,
+                        tree_sources: "ngram".parse().expect("a valid source list"),
+                        ..SpecConfig::default()
+                    });
+                }
+            }
+        }
+    }
+    let mut results = Vec::new();
+    for spec in settings {
+        spec.validate()?;
+        let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
+        let mut all = Tally::default();
+        for turn in &turns {
+            let t = replay(turn, &spec, &cost);
+            per_cat.entry(turn.category.clone()).or_default().add(&t);
+            all.add(&t);
+        }
+        results.push((spec, all, per_cat));
+    }
+    results.sort_by(|a, b| b.1.speedup().total_cmp(&a.1.speedup()));
+    let shape = |s: &SpecConfig| match s.method {
+        SpecMethod::Ngram => "chain".to_string(),
+        SpecMethod::Tree => format!("tree {}", s.tree_max_nodes),
+    };
     if a.json {
         let out: Vec<_> = results
             .iter()
-            .map(|(p, mn, mx, k, adaptive, all, cats)| {
+            .map(|(s, all, cats)| {
                 serde_json::json!({
-                    "policy": p.to_string(), "min_n": mn, "max_n": mx, "k": k, "adaptive": adaptive,
+                    "method": s.method.name(), "tree_max_nodes": s.tree_max_nodes,
+                    "policy": s.match_policy.to_string(), "min_n": s.prompt_lookup_min,
+                    "max_n": s.prompt_lookup_max, "k": s.num_speculative_tokens,
+                    "adaptive": s.adaptive,
                     "mean_accepted_tokens": all.mean_accepted(), "estimated_speedup": all.speedup(),
                     "categories": cats.iter().map(|(c, t)| (c.clone(), serde_json::json!({
                         "mean_accepted_tokens": t.mean_accepted(), "estimated_speedup": t.speedup()
@@ -174,7 +202,7 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             "flat (acceptance only)"
         }
     );
-    println!("| policy | n-gram | K | adaptive | mean accepted | est. speedup | worst category |\n|---|---|---:|---|---:|---:|---|");
+    println!("| shape | policy | n-gram | K | adaptive | mean accepted | est. speedup | worst category |\n|---|---|---|---:|---|---:|---:|---|");
     let worst = |cats: &BTreeMap<String, Tally>| {
         cats.iter()
             .map(|(c, t)| (c.clone(), t.speedup()))
@@ -182,22 +210,39 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             .map(|(c, s)| format!("{c} {s:.2}x"))
             .unwrap_or_default()
     };
-    for (p, mn, mx, k, adaptive, all, cats) in results.iter().take(a.top) {
+    for (s, all, cats) in results.iter().take(a.top) {
         println!(
-            "| {p} | {mn}..{mx} | {k} | {adaptive} | {:.2} | {:.2}x | {} |",
+            "| {} | {} | {}..{} | {} | {} | {:.2} | {:.2}x | {} |",
+            shape(s),
+            s.match_policy,
+            s.prompt_lookup_min,
+            s.prompt_lookup_max,
+            s.num_speculative_tokens,
+            s.adaptive,
             all.mean_accepted(),
             all.speedup(),
             worst(cats)
         );
     }
-    let (p, mn, mx, k, adaptive, _, cats) = &results[0];
-    println!("\nbest ({p}, {mn}..{mx}, K={k}, adaptive {adaptive}) per category:");
-    for (c, t) in cats {
+    for (label, method) in [("chain", SpecMethod::Ngram), ("tree", SpecMethod::Tree)] {
+        let Some((s, _, cats)) = results.iter().find(|r| r.0.method == method) else {
+            continue;
+        };
         println!(
-            "  {c:16} mean accepted {:.2}, est. speedup {:.2}x",
-            t.mean_accepted(),
-            t.speedup()
+            "\nbest {label} ({}, {}..{}, K={}, adaptive {}) per category:",
+            shape(s),
+            s.prompt_lookup_min,
+            s.prompt_lookup_max,
+            s.num_speculative_tokens,
+            s.adaptive
         );
+        for (c, t) in cats {
+            println!(
+                "  {c:16} mean accepted {:.2}, est. speedup {:.2}x",
+                t.mean_accepted(),
+                t.speedup()
+            );
+        }
     }
     Ok(())
 }

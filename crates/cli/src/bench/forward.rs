@@ -129,6 +129,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
                 tokens: chunk,
                 cache: &mut *cache,
                 all_logits: false,
+                parents: &[],
             }])?;
         }
         Ok(())
@@ -149,6 +150,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
                 tokens: input,
                 cache: &mut cache,
                 all_logits: true,
+                parents: &[],
             }])?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             cache.truncate(a.context);
@@ -166,6 +168,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
             tokens: &tokens[a.context + i..a.context + i + 1],
             cache: &mut cache,
             all_logits: true,
+            parents: &[],
         }])?;
     }
     let decode_tps = decode_steps as f64 / t.elapsed().as_secs_f64();

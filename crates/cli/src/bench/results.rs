@@ -2,7 +2,7 @@
 //! by `bench run --from-results` and `bench drafting`) and `bench forward --json` (read by
 //! `bench drafting --forward`).
 
-use drafting::SpecConfig;
+use drafting::{MatchPolicy, SpecConfig, SpecMethod, TreeSources};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -60,6 +60,11 @@ pub struct RowResult {
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
     pub propose_s: f64,
+    /// Drafted and accepted tokens by draft source (absent in files from before draft trees).
+    #[serde(default)]
+    pub drafted_by_source: engine::BySource,
+    #[serde(default)]
+    pub accepted_by_source: engine::BySource,
     pub identical: bool,
     /// Per turn: the prompt and the (plain, greedy) output token ids, for offline drafting studies.
     pub turns: Vec<TurnTokens>,
@@ -83,21 +88,41 @@ pub struct Summary {
     pub acceptance_rate: f64,
     pub propose_us_per_step: f64,
     pub mismatches: usize,
+    #[serde(default)]
+    pub accepted_by_source: engine::BySource,
 }
 
-/// The speculation settings as reports print them (vLLM's names, with the method).
+/// The speculation settings as reports print them (vLLM's names, with the method: `none`,
+/// `ngram` or `tree`; the tree's knobs only for a tree).
 #[derive(Serialize, Deserialize, Clone)]
 pub struct SpeculationReport {
     pub method: String,
-    #[serde(flatten)]
-    pub config: SpecConfig,
+    pub num_speculative_tokens: usize,
+    pub prompt_lookup_max: usize,
+    pub prompt_lookup_min: usize,
+    pub match_policy: MatchPolicy,
+    pub adaptive: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_max_nodes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_top_k: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_sources: Option<TreeSources>,
 }
 
 impl From<&SpecConfig> for SpeculationReport {
     fn from(c: &SpecConfig) -> Self {
+        let tree = c.enabled() && c.method == SpecMethod::Tree;
         SpeculationReport {
-            method: if c.enabled() { "ngram" } else { "none" }.into(),
-            config: *c,
+            method: if c.enabled() { c.method.name() } else { "none" }.into(),
+            num_speculative_tokens: c.num_speculative_tokens,
+            prompt_lookup_max: c.prompt_lookup_max,
+            prompt_lookup_min: c.prompt_lookup_min,
+            match_policy: c.match_policy,
+            adaptive: c.adaptive,
+            tree_max_nodes: tree.then_some(c.tree_max_nodes),
+            tree_top_k: tree.then_some(c.tree_top_k),
+            tree_sources: tree.then_some(c.tree_sources),
         }
     }
 }

@@ -60,6 +60,7 @@ fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
         acc += r.accepted_tokens;
         prop += r.propose_s;
         s.mismatches += usize::from(!r.identical);
+        s.accepted_by_source.add(&r.accepted_by_source);
     }
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     // Decode rates count the tokens decode steps produced (the first token of each turn comes
@@ -144,6 +145,8 @@ fn run_row(
         r.draft_tokens += fast.stats.draft_tokens;
         r.accepted_tokens += fast.stats.accepted_tokens;
         r.propose_s += fast.stats.propose_time.as_secs_f64();
+        r.drafted_by_source.add(&fast.stats.drafted_by_source);
+        r.accepted_by_source.add(&fast.stats.accepted_by_source);
         r.turns.push(TurnTokens {
             prompt_ids: plain.prompt_token_ids.clone(),
             output_ids: plain.token_ids.clone(),
@@ -258,15 +261,10 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
         if let Some(dir) = &args.out {
             // Partial results survive an interrupted run.
             std::fs::create_dir_all(dir)?;
-            let partial = ResultsFile {
-                summary: None,
-                rows: results,
-            };
             std::fs::write(
                 dir.join("results.partial.json"),
-                serde_json::to_string(&partial)?,
+                serde_json::to_string(&serde_json::json!({ "rows": &results }))?,
             )?;
-            results = partial.rows;
         }
         bar.inc(1);
     }
@@ -277,11 +275,11 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
 
 fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> String {
     let mut t = String::from(
-        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us | accepted ngram/model/corpus |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let line = |name: &str, s: &Summary| {
         format!(
-            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} |\n",
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} | {}/{}/{} |\n",
             s.rows,
             s.new_tokens,
             s.plain_tokens_per_s,
@@ -289,7 +287,10 @@ fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> St
             s.speedup,
             s.mean_accepted_tokens,
             s.acceptance_rate * 100.0,
-            s.propose_us_per_step
+            s.propose_us_per_step,
+            s.accepted_by_source.ngram,
+            s.accepted_by_source.model,
+            s.accepted_by_source.corpus
         )
     };
     for (name, s) in categories {
@@ -314,9 +315,9 @@ fn write_outputs(
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    let s = &summary.speculation.config;
+    let s = &summary.speculation;
     let report = format!(
-        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: ngram, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
+        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: {}, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
         utc_now(),
         summary.model,
         summary.model_path.display(),
@@ -324,6 +325,7 @@ fn write_outputs(
         workloads.join(", "),
         args.limit.map(|l| format!("first {l}")).unwrap_or_else(|| "all".into()),
         args.max_tokens,
+        s.method,
         s.num_speculative_tokens,
         s.prompt_lookup_min,
         s.prompt_lookup_max,

@@ -92,12 +92,15 @@ fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
 fn server_config(name: &str, ctx: usize, max_seqs: usize, s: SpecConfig) -> server::ServerConfig {
     server::ServerConfig {
         model_name: name.into(),
-        api_key: None,
+        api_keys: Vec::new(),
+        corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         max_num_seqs: max_seqs,
         max_queue: 1024,
         max_model_len: ctx,
         max_body_bytes: 16 << 20,
         spec: s,
+        cors_origins: Vec::new(),
+        lenient: false,
     }
 }
 

@@ -36,6 +36,68 @@ impl KvHead<'_> {
     }
 }
 
+/// Which positions one query row sees: every position before `start`, and from `start` on those
+/// whose bit is set in `bits` (bit `i` is position `start + i`). A draft tree's node sees the
+/// committed cache and its own ancestors (itself included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Visible {
+    pub start: usize,
+    pub bits: u64,
+}
+
+impl Visible {
+    #[inline]
+    fn sees(&self, t: usize) -> bool {
+        t < self.start || (t - self.start < 64 && (self.bits >> (t - self.start)) & 1 == 1)
+    }
+}
+
+/// The tree mask of consecutive rows of one pass: row `r` sees what `Visible { start, bits:
+/// rows[r] }` says.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeMask<'a> {
+    pub start: usize,
+    pub rows: &'a [u64],
+}
+
+impl TreeMask<'_> {
+    fn row(&self, r: usize) -> Visible {
+        Visible {
+            start: self.start,
+            bits: self.rows[r],
+        }
+    }
+}
+
+/// Softmax over the positions of `x` that `visible` lets the row see, with zero weight at the
+/// others. The visible scores are first packed together in order, so the softmax runs on exactly
+/// the values, in exactly the lanes, that a row holding only those positions would use: a tree
+/// node's weights are bit-identical to those of the same token decoded on its own. The weighted
+/// sum of values that follows adds a zero for every hidden position, which changes nothing.
+pub(crate) fn softmax_visible(x: &mut [f32], visible: Option<Visible>) {
+    let Some(v) = visible else {
+        return softmax(x);
+    };
+    let start = v.start.min(x.len());
+    let mut n = start;
+    for t in start..x.len() {
+        if v.sees(t) {
+            x[n] = x[t];
+            n += 1;
+        }
+    }
+    softmax(&mut x[..n]);
+    // Spread back from the end: a packed entry never lies after its own position.
+    for t in (start..x.len()).rev() {
+        if v.sees(t) {
+            n -= 1;
+            x[t] = x[n];
+        } else {
+            x[t] = 0.0;
+        }
+    }
+}
+
 /// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
 /// `scores` is scratch; `out` gets one `hd`-long output per query head.
 pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -52,6 +114,19 @@ pub fn attend_with(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    attend_visible(isa, q, kv, scale, None, scores, out)
+}
+
+/// `attend_with` for a row that sees only the positions `visible` allows.
+fn attend_visible(
+    isa: Isa,
+    q: &[f32],
+    kv: KvHead<'_>,
+    scale: f32,
+    visible: Option<Visible>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     assert_available(isa);
     let KvHead { hd, len, .. } = kv;
     kv.check();
@@ -64,22 +139,28 @@ pub fn attend_with(
         if isa == Isa::Avx512Vnni && hd % 16 == 0 {
             // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
             // multiple of 16; every key and value read lies inside the checked span; one row.
-            return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, scores, out) };
+            let mask = visible.map(|v| (v.start, [v.bits]));
+            let mask = mask.as_ref().map(|(start, bits)| TreeMask {
+                start: *start,
+                rows: bits,
+            });
+            return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, mask, scores, out) };
         }
         if isa != Isa::Scalar && hd % 8 == 0 {
             // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; as above.
-            return unsafe { x86::attend_avx2(q, kv, scale, scores, out) };
+            return unsafe { x86::attend_avx2(q, kv, scale, visible, scores, out) };
         }
     }
     let _ = isa;
-    attend_scalar(q, kv, scale, scores, out)
+    attend_scalar_visible(q, kv, scale, visible, scores, out)
 }
 
 /// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
 /// the key/value head `kv`: row `r`'s query heads are `q[r * q_stride..][..group * hd]`, it sees the
-/// first `kv.len - (rows - 1 - r)` positions, and its outputs go to `out[r * group * hd..]`. Each
-/// row's result is bit-identical to `attend` on that row alone; the AVX-512 version reads each
-/// key and value once for all the rows.
+/// first `kv.len - (rows - 1 - r)` positions (of those, with a `tree` mask, only the ones its mask
+/// lets it see), and its outputs go to `out[r * group * hd..]`. Each row's result is bit-identical
+/// to `attend` on that row alone over the positions it sees; the AVX-512 version reads each key
+/// and value once for all the rows.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     isa: Isa,
@@ -88,6 +169,7 @@ pub fn attend_rows(
     rows: usize,
     kv: KvHead<'_>,
     scale: f32,
+    tree: Option<TreeMask<'_>>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
@@ -96,6 +178,10 @@ pub fn attend_rows(
     assert_available(isa);
     let gw = out.len() / rows;
     assert!(hd > 0 && gw.is_multiple_of(hd) && (rows - 1) * q_stride + gw <= q.len());
+    assert!(
+        tree.is_none_or(|m| m.rows.len() == rows),
+        "one mask per row"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni && hd % 16 == 0 {
         kv.check();
@@ -104,18 +190,19 @@ pub fn attend_rows(
         // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a multiple
         // of 16; keys and values lie inside the checked span, queries inside `q`, scores and
         // outputs are sized above.
-        return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, scores, out) };
+        return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out) };
     }
     for (r, o) in out.chunks_mut(gw).enumerate() {
         let row_kv = KvHead {
             len: len - (rows - 1 - r),
             ..kv
         };
-        attend_with(
+        attend_visible(
             isa,
             &q[r * q_stride..r * q_stride + gw],
             row_kv,
             scale,
+            tree.map(|m| m.row(r)),
             scores,
             o,
         );
@@ -124,6 +211,18 @@ pub fn attend_rows(
 
 /// The plain version of `attend`, one dot product and one scaled sum per head and position.
 pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    attend_scalar_visible(q, kv, scale, None, scores, out)
+}
+
+/// `attend_scalar` for a row that sees only the positions `visible` allows.
+pub fn attend_scalar_visible(
+    q: &[f32],
+    kv: KvHead<'_>,
+    scale: f32,
+    visible: Option<Visible>,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     let KvHead {
         keys,
         values,
@@ -148,7 +247,7 @@ pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], 
         for s in sc.iter_mut() {
             *s *= scale;
         }
-        softmax(sc);
+        softmax_visible(sc, visible);
     }
     out.fill(0.0);
     for t in 0..len {

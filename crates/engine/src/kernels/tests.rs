@@ -517,6 +517,7 @@ fn attention_over_rows_equals_each_row_alone() {
                 rows,
                 kv,
                 scale,
+                None,
                 &mut Vec::new(),
                 &mut all,
             );
@@ -538,6 +539,104 @@ fn attention_over_rows_equals_each_row_alone() {
                     &mut vec![0.0; group * row_kv.len],
                     &mut plain,
                 );
+                for (a, b) in got.iter().zip(&plain) {
+                    assert!((a - b).abs() <= 1e-5, "{isa:?} hd {hd} row {r}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+/// A draft tree's rows: each row, seeing the committed positions and its ancestors only, gets
+/// exactly (bit for bit) what `attend` gives over a cache holding just those positions in order,
+/// which is what decoding the row's path one token at a time would have in its cache.
+#[test]
+fn tree_rows_equal_their_path_alone() {
+    use crate::kernels::TreeMask;
+    for &(hd, group, start, rows, seed) in &[
+        (64usize, 3usize, 40usize, 12usize, 1u64),
+        (32, 2, 7, 30, 2),
+        (128, 1, 100, 64, 3),
+        (40, 2, 3, 5, 4),
+    ] {
+        let len = start + rows;
+        let stride = hd + 8;
+        let q_stride = group * hd + 16;
+        let q = random_vec((rows - 1) * q_stride + group * hd, 50 + seed);
+        let key_stride = len.next_multiple_of(16) + 16;
+        let keys = random_vec(hd * key_stride, 51 + seed);
+        let values = random_vec((len - 1) * stride + hd, 52 + seed);
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Row 0 is the root; every later row hangs below a random earlier row.
+        let mut masks = vec![1u64];
+        let mut x = seed;
+        for r in 1..rows {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let parent = (x >> 33) as usize % r;
+            masks.push(masks[parent] | 1 << r);
+        }
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            key_stride,
+            value_stride: stride,
+            hd,
+            len,
+        };
+        for isa in Isa::available() {
+            let mut all = vec![0f32; rows * group * hd];
+            let tree = TreeMask {
+                start,
+                rows: &masks,
+            };
+            attend_rows(
+                isa,
+                &q,
+                q_stride,
+                rows,
+                kv,
+                scale,
+                Some(tree),
+                &mut Vec::new(),
+                &mut all,
+            );
+            for r in 0..rows {
+                // The row's path alone: the committed positions, then its ancestors in order.
+                let seen: Vec<usize> = (0..start)
+                    .chain(
+                        (0..rows)
+                            .filter(|&i| masks[r] >> i & 1 == 1)
+                            .map(|i| start + i),
+                    )
+                    .collect();
+                let n = seen.len();
+                let ks = n.next_multiple_of(16) + 16;
+                let mut pk = vec![0f32; hd * ks];
+                let mut pv = vec![0f32; n * stride];
+                for (j, &t) in seen.iter().enumerate() {
+                    for i in 0..hd {
+                        pk[i * ks + j] = keys[i * key_stride + t];
+                    }
+                    pv[j * stride..j * stride + hd]
+                        .copy_from_slice(&values[t * stride..t * stride + hd]);
+                }
+                let path_kv = KvHead {
+                    keys: &pk,
+                    values: &pv,
+                    key_stride: ks,
+                    value_stride: stride,
+                    hd,
+                    len: n,
+                };
+                let qr = &q[r * q_stride..r * q_stride + group * hd];
+                let mut one = vec![0f32; group * hd];
+                attend_with(isa, qr, path_kv, scale, &mut Vec::new(), &mut one);
+                let got = &all[r * group * hd..(r + 1) * group * hd];
+                assert_eq!(got, &one[..], "{isa:?} hd {hd} rows {rows} row {r}");
+                let mut plain = vec![0f32; group * hd];
+                attend_scalar(qr, path_kv, scale, &mut vec![0.0; group * n], &mut plain);
                 for (a, b) in got.iter().zip(&plain) {
                     assert!((a - b).abs() <= 1e-5, "{isa:?} hd {hd} row {r}: {a} vs {b}");
                 }

@@ -5,7 +5,8 @@
 // loops: iterator forms change the code generated for these kernels.
 #![allow(clippy::needless_range_loop)]
 
-use crate::kernels::{softmax, KvHead};
+use crate::kernels::attention::{softmax_visible, TreeMask, Visible};
+use crate::kernels::KvHead;
 use std::arch::x86_64::*;
 
 /// Scores of query `pq` against the `8 V` positions whose transposed keys start at `pk` (row `i`
@@ -44,6 +45,7 @@ pub(crate) unsafe fn attend_avx2(
     q: &[f32],
     kv: KvHead<'_>,
     scale: f32,
+    visible: Option<Visible>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -80,7 +82,7 @@ pub(crate) unsafe fn attend_avx2(
             *sc.add(t) = acc * scale;
             t += 1;
         }
-        softmax(&mut scores[g * len..(g + 1) * len]);
+        softmax_visible(&mut scores[g * len..(g + 1) * len], visible);
         let sc = scores.as_ptr().add(g * len);
         let po = out.as_mut_ptr().add(g * hd);
         for i0 in (0..hd).step_by(64) {
@@ -226,6 +228,7 @@ unsafe fn values_tiles<const W: usize>(
 /// # Safety
 /// The CPU must have AVX-512 F (and AVX2, FMA); `hd % 16 == 0`; the bounds are those
 /// `kernels::attend_rows` checks.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 pub(crate) unsafe fn attend_rows_avx512(
     q: &[f32],
@@ -233,6 +236,7 @@ pub(crate) unsafe fn attend_rows_avx512(
     rows: usize,
     kv: KvHead<'_>,
     scale: f32,
+    tree: Option<TreeMask<'_>>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -284,7 +288,11 @@ pub(crate) unsafe fn attend_rows_avx512(
     }
     for j in 0..nq {
         let n = row_len(j / group);
-        softmax(&mut scores[j * len..j * len + n]);
+        let visible = tree.map(|m| Visible {
+            start: m.start,
+            bits: m.rows[j / group],
+        });
+        softmax_visible(&mut scores[j * len..j * len + n], visible);
     }
     // Values, in blocks of positions; the partial sums wait in `out` between blocks.
     let sp = scores.as_ptr();

@@ -1,0 +1,254 @@
+//! A tree of drafted tokens, verified in one forward pass.
+//!
+//! Node `i` holds a token and its parent: an earlier node, or [`ROOT`] for a child of the last
+//! committed token (which is not part of the tree: it is the first input of the pass, and every
+//! node descends from it). Parents always come before their children, so the nodes are in a valid
+//! order for the pass and a node's ancestors are found by walking parents. Siblings hold distinct
+//! tokens. A chain, what plain prompt lookup drafts, is the tree in which every node is the only
+//! child of the one before it.
+
+/// The parent of a child of the last committed token.
+pub const ROOT: u32 = u32::MAX;
+
+/// The most nodes a tree may hold (a pass row is also needed for the last committed token, and
+/// the engine marks a row's ancestors in one 64-bit word).
+pub const MAX_NODES: usize = 63;
+
+/// Where a drafted node came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// The n-gram index over the sequence (prompt and output): what followed the current suffix
+    /// where it occurred before.
+    Ngram,
+    /// The model's own earlier predictions: the top candidates its logits gave after this token.
+    Model,
+    /// Earlier requests' prompts and outputs (the server's corpus).
+    Corpus,
+}
+
+impl Source {
+    /// Every source, in declaration order.
+    pub const ALL: [Source; 3] = [Source::Ngram, Source::Model, Source::Corpus];
+
+    /// The name used in reports and settings.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Source::Ngram => "ngram",
+            Source::Model => "model",
+            Source::Corpus => "corpus",
+        }
+    }
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Drafted tokens with their parents, in pass order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DraftTree {
+    tokens: Vec<u32>,
+    parents: Vec<u32>,
+    depths: Vec<u16>,
+    sources: Vec<Source>,
+}
+
+impl DraftTree {
+    /// An empty tree.
+    pub fn new() -> Self {
+        DraftTree::default()
+    }
+
+    /// A chain: each token the only child of the one before.
+    pub fn chain(tokens: &[u32], source: Source) -> Self {
+        let mut t = DraftTree::new();
+        let mut parent = ROOT;
+        for &tok in tokens {
+            parent = t.push(tok, parent, source) as u32;
+        }
+        t
+    }
+
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.parents.clear();
+        self.depths.clear();
+        self.sources.clear();
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Tokens of the nodes, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Parent of each node ([`ROOT`] for children of the last committed token).
+    pub fn parents(&self) -> &[u32] {
+        &self.parents
+    }
+
+    /// Depth of each node: 1 for a child of the last committed token.
+    pub fn depths(&self) -> &[u16] {
+        &self.depths
+    }
+
+    /// Source of each node.
+    pub fn sources(&self) -> &[Source] {
+        &self.sources
+    }
+
+    /// Adds a node and returns its index.
+    ///
+    /// # Panics
+    /// If `parent` is neither [`ROOT`] nor an existing node.
+    pub fn push(&mut self, token: u32, parent: u32, source: Source) -> usize {
+        let depth = if parent == ROOT {
+            1
+        } else {
+            self.depths[parent as usize] + 1
+        };
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.depths.push(depth);
+        self.sources.push(source);
+        self.tokens.len() - 1
+    }
+
+    /// The child of `parent` with `token`, if there is one.
+    pub fn child(&self, parent: u32, token: u32) -> Option<usize> {
+        (0..self.len()).find(|&i| self.parents[i] == parent && self.tokens[i] == token)
+    }
+
+    /// The children of `parent`, in order.
+    pub fn children(&self, parent: u32) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len()).filter(move |&i| self.parents[i] == parent)
+    }
+
+    /// Whether every node is the only child of the node before it.
+    pub fn is_chain(&self) -> bool {
+        self.parents
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == if i == 0 { ROOT } else { i as u32 - 1 })
+    }
+
+    /// The nodes from the root's child down to `node`, in order.
+    pub fn path(&self, node: usize) -> Vec<usize> {
+        let mut path = Vec::with_capacity(self.depths[node] as usize);
+        let mut at = node as u32;
+        while at != ROOT {
+            path.push(at as usize);
+            at = self.parents[at as usize];
+        }
+        path.reverse();
+        path
+    }
+
+    /// The path a known continuation takes: from the root, the child holding each next token of
+    /// `tokens`, as far as such a child exists (what greedy verification keeps when the model's
+    /// choices are `tokens`).
+    pub fn follow(&self, tokens: &[u32]) -> Vec<usize> {
+        let mut path = Vec::new();
+        let mut at = ROOT;
+        for &t in tokens {
+            match self.child(at, t) {
+                Some(c) => {
+                    path.push(c);
+                    at = c as u32;
+                }
+                None => break,
+            }
+        }
+        path
+    }
+
+    /// Adds `tokens` as a path below `parent`, sharing the nodes that already exist, up to
+    /// `max_nodes` nodes in all; returns how many tokens of the path are in the tree.
+    pub fn insert_path(
+        &mut self,
+        parent: u32,
+        tokens: &[u32],
+        source: Source,
+        max_nodes: usize,
+    ) -> usize {
+        let mut at = parent;
+        for (i, &t) in tokens.iter().enumerate() {
+            at = match self.child(at, t) {
+                Some(c) => c as u32,
+                None if self.len() < max_nodes => self.push(t, at, source) as u32,
+                None => return i,
+            };
+        }
+        tokens.len()
+    }
+
+    /// Removes every node not in `keep` (which must be closed under parents), renumbering the
+    /// rest in their order.
+    pub fn retain(&mut self, keep: &[bool]) {
+        let mut new_index = vec![ROOT; self.len()];
+        let mut next = 0u32;
+        for i in 0..self.len() {
+            if keep[i] {
+                new_index[i] = next;
+                next += 1;
+            }
+        }
+        let mut out = DraftTree::new();
+        for i in 0..self.len() {
+            if keep[i] {
+                let p = self.parents[i];
+                let parent = if p == ROOT {
+                    ROOT
+                } else {
+                    debug_assert!(keep[p as usize], "kept node without its parent");
+                    new_index[p as usize]
+                };
+                out.push(self.tokens[i], parent, self.sources[i]);
+            }
+        }
+        *self = out;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_share_prefixes() {
+        let mut t = DraftTree::new();
+        assert_eq!(t.insert_path(ROOT, &[1, 2, 3], Source::Ngram, 63), 3);
+        assert_eq!(t.insert_path(ROOT, &[1, 2, 4], Source::Model, 63), 3);
+        assert_eq!(t.insert_path(ROOT, &[5], Source::Model, 63), 1);
+        assert_eq!(t.tokens(), [1, 2, 3, 4, 5]);
+        assert_eq!(t.parents(), [ROOT, 0, 1, 1, ROOT]);
+        assert_eq!(t.depths(), [1, 2, 3, 3, 1]);
+        assert_eq!(t.sources()[3], Source::Model);
+        assert_eq!(t.path(3), [0, 1, 3]);
+        assert_eq!(t.children(1).collect::<Vec<_>>(), [2, 3]);
+        assert!(!t.is_chain());
+        assert!(DraftTree::chain(&[7, 8, 9], Source::Ngram).is_chain());
+        // The budget stops a path part-way.
+        assert_eq!(t.insert_path(4, &[6, 7], Source::Model, 6), 1);
+        assert_eq!(t.len(), 6);
+    }
+
+    #[test]
+    fn retain_renumbers() {
+        let mut t = DraftTree::new();
+        t.insert_path(ROOT, &[1, 2, 3], Source::Ngram, 63);
+        t.insert_path(ROOT, &[4, 5], Source::Model, 63);
+        t.retain(&[true, false, false, true, true]);
+        assert_eq!(t.tokens(), [1, 4, 5]);
+        assert_eq!(t.parents(), [ROOT, ROOT, 1]);
+        assert_eq!(t.depths(), [1, 1, 2]);
+    }
+}
