@@ -257,6 +257,26 @@ impl Sequence {
         }
     }
 
+    /// A new sequence over the same prompt and settings (with `seed`), sharing this one's prompt
+    /// cache: the keys and values of all but the last prompt token are copied, and the fork's
+    /// first pass runs that last token alone, giving it its own first token. For `n` choices of
+    /// one request, prefilled once. `None` until this sequence's prompt is in the cache.
+    pub fn fork(&self, model: &Model, seed: Option<u64>) -> Result<Option<Sequence>> {
+        if self.in_prefill() {
+            return Ok(None);
+        }
+        let config = GenerationConfig {
+            seed,
+            ..self.config.clone()
+        };
+        let prompt = self.prompt_tokens().to_vec();
+        let mut fork = Sequence::new(model, prompt, config, self.cache.capacity())?;
+        let shared = self.prompt_len - 1;
+        fork.cache.copy_prefix(&self.cache, shared);
+        fork.phase = Phase::Prefill(shared);
+        Ok(Some(fork))
+    }
+
     /// Lets the drafter draw on a tenant's corpus of earlier requests (used when the method is
     /// `tree` with the corpus source on).
     pub fn set_corpus(&mut self, corpus: drafting::SharedCorpus) {

@@ -89,6 +89,33 @@ impl KvCache {
         self.truncate(start + rows.len());
     }
 
+    /// Makes the first `len` positions those of `from` (a cache of the same shape): a sequence
+    /// forked from another after its prompt shares the prompt's keys and values without
+    /// recomputing them. Only those positions are copied.
+    pub fn copy_prefix(&mut self, from: &KvCache, len: usize) {
+        assert!(
+            self.n_layer == from.n_layer && self.kv_dim == from.kv_dim && self.hd == from.hd,
+            "caches of different shapes"
+        );
+        assert!(
+            len <= from.len && len <= self.capacity,
+            "prefix longer than the caches"
+        );
+        let hd = self.hd;
+        for layer in 0..self.n_layer {
+            for head in 0..self.kv_dim / hd {
+                let (a, b) = (self.value_base(layer, head), from.value_base(layer, head));
+                self.values[a..a + len * hd].copy_from_slice(&from.values[b..b + len * hd]);
+            }
+            for i in 0..self.kv_dim {
+                let a = (layer * self.kv_dim + i) * self.key_stride;
+                let b = (layer * from.kv_dim + i) * from.key_stride;
+                self.keys[a..a + len].copy_from_slice(&from.keys[b..b + len]);
+            }
+        }
+        self.len = len;
+    }
+
     pub(crate) fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.capacity);
         self.len = len;
@@ -159,6 +186,28 @@ mod tests {
         assert_eq!(key(&c, 3, 1), [9.0; 2]);
         c.truncate(10);
         assert_eq!(c.len(), 4, "truncate never grows");
+    }
+
+    #[test]
+    fn copy_prefix_copies_only_the_prefix() {
+        let mut a = KvCache::new(2, 4, 2, 8);
+        for layer in 0..2 {
+            for pos in 0..5 {
+                a.write(layer, pos, &[pos as f32 + 0.5; 4], &[pos as f32; 4]);
+            }
+        }
+        a.set_len(5);
+        let mut b = KvCache::new(2, 4, 2, 16);
+        b.copy_prefix(&a, 3);
+        assert_eq!(b.len(), 3);
+        for layer in 0..2 {
+            let (ha, hb) = (a.head(layer, 1, 5), b.head(layer, 1, 4));
+            for p in 0..3 {
+                assert_eq!(hb.keys[hb.key_stride + p], ha.keys[ha.key_stride + p]);
+                assert_eq!(hb.values[p * 2], ha.values[p * 2]);
+            }
+            assert_eq!(hb.values[3 * 2], 0.0, "nothing past the prefix");
+        }
     }
 
     #[test]

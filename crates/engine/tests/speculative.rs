@@ -143,6 +143,34 @@ fn trees_and_chains_batched_together_stay_exact() {
     }
 }
 
+/// A fork shares its parent's prompt cache (all but the last prompt token) and runs that token
+/// itself: under greedy decoding it produces exactly what its parent does.
+#[test]
+fn a_forked_sequence_continues_from_the_shared_prompt() {
+    let lm = model("smollm2-135m");
+    let prompt = grounded_prompt(&lm, "json_extraction");
+    let mut parent =
+        engine::Sequence::new(&lm.model, prompt.clone(), greedy(32, 8, 1, 3), 4096).unwrap();
+    assert!(
+        parent.fork(&lm.model, None).unwrap().is_none(),
+        "no fork before the prompt is in"
+    );
+    let mut fork = None;
+    while !parent.is_finished() {
+        engine::step(&lm.model, &lm.tokenizer, &mut [&mut parent]).unwrap();
+        if fork.is_none() {
+            fork = parent.fork(&lm.model, None).unwrap();
+        }
+    }
+    let mut fork = fork.expect("forked after prefill");
+    while !fork.is_finished() {
+        engine::step(&lm.model, &lm.tokenizer, &mut [&mut fork]).unwrap();
+    }
+    let (a, b) = (parent.into_output(), fork.into_output());
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(b.prompt_token_ids, prompt);
+}
+
 #[test]
 fn grounded_prompts_accept_drafts_and_stay_identical() {
     let lm = model("smollm2-135m");

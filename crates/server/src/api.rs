@@ -235,6 +235,9 @@ struct Common {
     top_logprobs: Option<usize>,
 }
 
+/// The most choices one request may ask for (`n`).
+const MAX_N: usize = 8;
+
 /// The most alternatives per token a request may ask for (OpenAI's limit).
 const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -344,8 +347,11 @@ impl Common {
             });
         }
         if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
+            if !(1..=MAX_N).contains(&n) {
+                return Err(ApiError::bad_request(
+                    format!("n must be between 1 and {MAX_N}, got {n}"),
+                    Some("n"),
+                ));
             }
         }
         let ctx = state.config.max_model_len;
@@ -730,8 +736,10 @@ async fn respond(
 ) -> Response {
     let config_logprobs = config.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
+    let n = common.n.unwrap_or(1);
     let job = Job {
         tenant,
+        n,
         prompt: ids,
         config,
         events: tx,
@@ -781,9 +789,9 @@ async fn respond(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        stream_response(meta, rx, usage, logprobs).into_response()
+        stream_response(meta, rx, n, usage, logprobs).into_response()
     } else {
-        whole_response(meta, rx, logprobs).await
+        whole_response(meta, rx, n, logprobs).await
     }
 }
 
@@ -850,15 +858,22 @@ fn usage(prompt: usize, completion: usize) -> Value {
 async fn whole_response(
     meta: Meta,
     mut rx: mpsc::UnboundedReceiver<Event>,
+    n: usize,
     logprobs: bool,
 ) -> Response {
-    let mut text = String::new();
-    let mut lps = Vec::new();
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut choices: Vec<Option<Value>> = vec![None; n];
+    let mut completion = 0;
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+            Event::Text {
+                index,
+                text: t,
+                logprobs,
+            } => {
+                texts[index].push_str(&t);
+                lps[index].extend(logprobs);
             }
             Event::Failed(m) => {
                 return ApiError {
@@ -871,34 +886,39 @@ async fn whole_response(
                 .into_response()
             }
             Event::Finished {
+                index,
                 reason,
                 prompt_tokens,
                 completion_tokens,
             } => {
-                let lp = meta.logprobs(logprobs.then_some(&lps[..]), 0);
-                let choice = match meta.kind {
+                completion += completion_tokens;
+                let lp = meta.logprobs(logprobs.then_some(&lps[index][..]), 0);
+                let text = std::mem::take(&mut texts[index]);
+                choices[index] = Some(match meta.kind {
                     Kind::Chat => json!({
-                        "index": 0,
+                        "index": index,
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": finish_reason(reason),
                         "logprobs": lp,
                     }),
                     Kind::Text => json!({
-                        "index": 0,
+                        "index": index,
                         "text": text,
                         "finish_reason": finish_reason(reason),
                         "logprobs": lp,
                     }),
-                };
-                return Json(json!({
-                    "id": meta.id,
-                    "object": meta.object,
-                    "created": meta.created,
-                    "model": meta.model,
-                    "choices": [choice],
-                    "usage": usage(prompt_tokens, completion_tokens),
-                }))
-                .into_response();
+                });
+                if choices.iter().all(Option::is_some) {
+                    return Json(json!({
+                        "id": meta.id,
+                        "object": meta.object,
+                        "created": meta.created,
+                        "model": meta.model,
+                        "choices": choices,
+                        "usage": usage(prompt_tokens, completion),
+                    }))
+                    .into_response();
+                }
             }
         }
     }
@@ -915,6 +935,7 @@ async fn whole_response(
 fn stream_response(
     meta: Meta,
     rx: mpsc::UnboundedReceiver<Event>,
+    n: usize,
     include_usage: bool,
     logprobs: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
@@ -923,6 +944,7 @@ fn stream_response(
         Kind::Text => "text_completion",
     };
     let chunk = move |meta: &Meta,
+                      index: usize,
                       delta: Option<&str>,
                       reason: Option<&str>,
                       role: bool,
@@ -937,45 +959,75 @@ fn stream_response(
                 if let Some(t) = delta {
                     d.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": d, "finish_reason": reason, "logprobs": lp})
+                json!({"index": index, "delta": d, "finish_reason": reason, "logprobs": lp})
             }
             Kind::Text => {
-                json!({"index": 0, "text": delta.unwrap_or(""), "finish_reason": reason, "logprobs": lp})
+                json!({"index": index, "text": delta.unwrap_or(""), "finish_reason": reason, "logprobs": lp})
             }
         };
         json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [choice]})
     };
-    // State: (receiver, meta, sent the opening chunk, done, text sent so far in bytes).
-    let s = stream::unfold((rx, meta, false, false, 0usize), move |(mut rx, meta, opened, done, sent)| async move {
-        if done {
+    // What the stream has said so far.
+    struct State {
+        rx: mpsc::UnboundedReceiver<Event>,
+        meta: Meta,
+        opened: bool,
+        done: bool,
+        /// Per choice: text sent so far in bytes.
+        sent: Vec<usize>,
+        finished: usize,
+        completion: usize,
+    }
+    let start = State {
+        rx,
+        meta,
+        opened: false,
+        done: false,
+        sent: vec![0; n],
+        finished: 0,
+        completion: 0,
+    };
+    let s = stream::unfold(start, move |mut st| async move {
+        if st.done {
             return None;
         }
         let data = |v: Value| Ok::<_, Infallible>(SseEvent::default().data(v.to_string()));
-        if !opened && meta.kind == Kind::Chat {
-            let first = chunk(&meta, Some(""), None, true, Value::Null);
-            return Some((vec![data(first)], (rx, meta, true, false, sent)));
+        if !st.opened && st.meta.kind == Kind::Chat {
+            st.opened = true;
+            let first: Vec<_> = (0..n)
+                .map(|i| data(chunk(&st.meta, i, Some(""), None, true, Value::Null)))
+                .collect();
+            return Some((first, st));
         }
-        match rx.recv().await {
-            Some(Event::Text { text, logprobs: lps }) => {
-                let lp = meta.logprobs(logprobs.then_some(&lps[..]), sent);
-                let c = chunk(&meta, Some(&text), None, false, lp);
-                let sent = sent + text.len();
-                Some((vec![data(c)], (rx, meta, true, false, sent)))
+        st.opened = true;
+        match st.rx.recv().await {
+            Some(Event::Text { index, text, logprobs: lps }) => {
+                let lp = st.meta.logprobs(logprobs.then_some(&lps[..]), st.sent[index]);
+                let c = chunk(&st.meta, index, Some(&text), None, false, lp);
+                st.sent[index] += text.len();
+                Some((vec![data(c)], st))
             }
-            Some(Event::Finished { reason, prompt_tokens, completion_tokens }) => {
-                let mut out = vec![data(chunk(&meta, None, Some(finish_reason(reason)), false, Value::Null))];
-                if include_usage {
-                    out.push(data(json!({
-                        "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-                        "choices": [], "usage": usage(prompt_tokens, completion_tokens),
-                    })));
+            Some(Event::Finished { index, reason, prompt_tokens, completion_tokens }) => {
+                let mut out = vec![data(chunk(&st.meta, index, None, Some(finish_reason(reason)), false, Value::Null))];
+                st.finished += 1;
+                st.completion += completion_tokens;
+                if st.finished == n {
+                    if include_usage {
+                        let m = &st.meta;
+                        out.push(data(json!({
+                            "id": m.id, "object": object, "created": m.created, "model": m.model,
+                            "choices": [], "usage": usage(prompt_tokens, st.completion),
+                        })));
+                    }
+                    out.push(Ok(SseEvent::default().data("[DONE]")));
+                    st.done = true;
                 }
-                out.push(Ok(SseEvent::default().data("[DONE]")));
-                Some((out, (rx, meta, true, true, sent)))
+                Some((out, st))
             }
             Some(Event::Failed(m)) => {
                 let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
-                Some((vec![data(err), Ok(SseEvent::default().data("[DONE]"))], (rx, meta, true, true, sent)))
+                st.done = true;
+                Some((vec![data(err), Ok(SseEvent::default().data("[DONE]"))], st))
             }
             None => None,
         }

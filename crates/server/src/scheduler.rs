@@ -34,15 +34,17 @@ use tokio::sync::mpsc::UnboundedSender;
 /// sequences.
 const ROW_BUDGET: usize = 16;
 
-/// What the engine loop sends back for one request.
+/// What the engine loop sends back for one request; `index` is the choice (0..n).
 #[derive(Debug)]
 pub enum Event {
     /// New output text, and the log-probabilities of the tokens behind it (when asked for).
     Text {
+        index: usize,
         text: String,
         logprobs: Vec<engine::TokenLogprob>,
     },
     Finished {
+        index: usize,
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
@@ -52,6 +54,8 @@ pub enum Event {
 
 pub struct Job {
     pub tenant: Tenant,
+    /// Choices to generate: the prompt is prefilled once and the cache forked for the others.
+    pub n: usize,
     pub prompt: Vec<u32>,
     pub config: GenerationConfig,
     pub events: UnboundedSender<Event>,
@@ -118,6 +122,11 @@ impl Corpora {
 
 struct Running {
     tenant: Tenant,
+    /// Which choice of its request this sequence is.
+    index: usize,
+    /// Choices still to fork from this one once its prompt is in (the first sequence of an
+    /// `n > 1` request).
+    forks: std::ops::Range<usize>,
     seq: Sequence,
     events: UnboundedSender<Event>,
     arrived: Instant,
@@ -261,10 +270,49 @@ fn engine_loop(
             if !text.is_empty() || r.seq.finish_reason().is_some() {
                 let logprobs = r.seq.take_new_logprobs();
                 if !text.is_empty() || !logprobs.is_empty() {
-                    let _ = r.events.send(Event::Text { text, logprobs });
+                    let _ = r.events.send(Event::Text {
+                        index: r.index,
+                        text,
+                        logprobs,
+                    });
                 }
             }
         }
+        // Choices 1..n of a request start once its first choice has its prompt in the cache.
+        let mut forked = Vec::new();
+        for r in running.iter_mut().filter(|r| !r.forks.is_empty()) {
+            let seed = r.seq.config().seed;
+            while !r.forks.is_empty() {
+                let index = r.forks.start;
+                let fork = match r
+                    .seq
+                    .fork(&lm.model, seed.map(|s| s.wrapping_add(index as u64)))
+                {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = r.events.send(Event::Failed(e.to_string()));
+                        r.forks = 0..0;
+                        break;
+                    }
+                };
+                r.forks.start += 1;
+                let mut seq = fork;
+                if let Some(c) = corpora.of(r.tenant) {
+                    seq.set_corpus(c);
+                }
+                forked.push(Running {
+                    tenant: r.tenant,
+                    index,
+                    forks: 0..0,
+                    seq,
+                    events: r.events.clone(),
+                    arrived: r.arrived,
+                    first_token: None,
+                });
+            }
+        }
+        running.extend(forked);
         running.retain_mut(|r| {
             let Some(reason) = r.seq.finish_reason() else {
                 return true;
@@ -296,6 +344,7 @@ fn engine_loop(
                 "request done"
             );
             let _ = r.events.send(Event::Finished {
+                index: r.index,
                 reason,
                 prompt_tokens: prompt,
                 completion_tokens: completion,
@@ -326,6 +375,8 @@ fn admit(
     match Sequence::new(&lm.model, job.prompt, job.config, ctx) {
         Ok(mut seq) => running.push(Running {
             tenant: job.tenant,
+            index: 0,
+            forks: 1..job.n.max(1),
             seq: {
                 if let Some(c) = corpora.of(job.tenant) {
                     seq.set_corpus(c);

@@ -274,9 +274,10 @@ async fn bad_requests_get_openai_errors() {
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("64") && msg.contains("prompt has"), "{msg}");
     let mut body = chat("hi", 4);
-    body["n"] = json!(2);
+    body["n"] = json!(9);
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "n", "{v}");
     let (s, v) = post(&base, "/v1/chat/completions", chat(&"x".repeat(100_000), 4)).await;
     assert_error(s, &v, 413);
     // Speculation settings are checked as the CLI checks them: unknown fields in
@@ -426,6 +427,75 @@ async fn strict_requests_name_the_field_at_fault() {
     body["logit_bias"] = json!({"15": 10});
     let (s, v) = post(&lenient, "/v1/chat/completions", body).await;
     assert_eq!(s, 200, "{v}");
+}
+
+/// `n` choices: one prompt, prefilled once; each choice samples on its own (so seeded choices
+/// differ from each other), a greedy request gives n equal choices, usage counts every choice's
+/// tokens, and streaming tags each chunk with its choice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_whole_and_streamed() {
+    let base = start(config()).await;
+    let mut body = chat("Write one sentence about the sea.", 12);
+    body["n"] = json!(3);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(7);
+    let (s, v) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            c["message"]["content"].as_str().unwrap()
+        })
+        .collect();
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "independent samples: {texts:?}"
+    );
+    let completion = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(completion > 12 && completion <= 36, "{v}");
+    // The same seed gives the same three choices.
+    let (_, again) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(again["choices"], v["choices"]);
+    // Greedy: all choices are the plain greedy answer.
+    let mut greedy = chat("Write one sentence about the sea.", 12);
+    greedy["n"] = json!(2);
+    let (_, g) = post(&base, "/v1/chat/completions", greedy).await;
+    let (_, one) = post(
+        &base,
+        "/v1/chat/completions",
+        chat("Write one sentence about the sea.", 12),
+    )
+    .await;
+    for c in g["choices"].as_array().unwrap() {
+        assert_eq!(
+            c["message"]["content"],
+            one["choices"][0]["message"]["content"]
+        );
+    }
+    // Streamed: every choice gets its role, its text and its finish reason, then [DONE] once.
+    body["stream"] = json!(true);
+    let lines = sse(&base, "/v1/chat/completions", body).await;
+    assert_eq!(lines.last().map(String::as_str), Some("[DONE]"));
+    let mut streamed = vec![String::new(); 3];
+    let mut finished = [false; 3];
+    for l in &lines[..lines.len() - 1] {
+        let c: Value = serde_json::from_str(l).unwrap();
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        if let Some(t) = choice["delta"]["content"].as_str() {
+            streamed[i].push_str(t);
+        }
+        finished[i] |= !choice["finish_reason"].is_null();
+    }
+    assert_eq!(finished, [true; 3]);
+    assert_eq!(
+        streamed, texts,
+        "streamed choices equal the whole ones (same seed)"
+    );
 }
 
 /// CORS: off by default; with an allowed origin, a preflight is answered before the API key is
@@ -795,6 +865,14 @@ for chunk in c.chat.completions.create(model="smollm2-135m", messages=[{{"role":
 assert "".join(parts) == r.choices[0].message.content, (parts, r)
 t = c.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=8, temperature=0)
 assert t.usage.completion_tokens == 8, t
+m = c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "Name a colour."}}], max_tokens=6, temperature=1.0, seed=3, n=3)
+assert [ch.index for ch in m.choices] == [0, 1, 2], m
+assert all(ch.message.content for ch in m.choices), m
+try:
+    c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "hi"}}], max_tokens=2, logit_bias={{"15": 5}})
+    raise SystemExit("logit_bias was accepted")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "logit_bias", e.body
 print("ok")
 "#
     );
