@@ -38,6 +38,11 @@ impl GgufFile {
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(bad("it is a directory, not a .gguf file".into()));
         }
+        // SAFETY: the file is opened read-only and mapped read-only; like every engine that maps
+        // its weights, we rely on nobody truncating the model file while it is in use.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
+        // Counts and lengths are checked against the file before candle allocates for them.
+        preflight(&map).map_err(bad)?;
         let content = Content::read(&mut file).map_err(|e| {
             let msg = e.to_string();
             if msg.contains("magic") {
@@ -51,15 +56,16 @@ impl GgufFile {
                 bad(format!("not a valid GGUF file ({msg})"))
             }
         })?;
-        // SAFETY: the file is opened read-only and mapped read-only; like every engine that maps
-        // its weights, we rely on nobody truncating the model file while it is in use.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
         let file_len = map.len() as u64;
         for (name, info) in &content.tensor_infos {
             let elems = info.shape.elem_count();
             let bs = info.ggml_dtype.block_size();
-            let size = (elems / bs * info.ggml_dtype.type_size()) as u64;
-            let end = content.tensor_data_offset + info.offset + size;
+            let size = (elems / bs) as u64 * info.ggml_dtype.type_size() as u64;
+            let end = content
+                .tensor_data_offset
+                .checked_add(info.offset)
+                .and_then(|e| e.checked_add(size))
+                .unwrap_or(u64::MAX);
             if end > file_len {
                 return Err(bad(format!(
                     "file is truncated: tensor '{name}' ends at byte {end}, the file has {file_len} bytes"
@@ -171,4 +177,149 @@ fn value_to_u64(v: &Value) -> Option<u64> {
         Value::Bool(b) => *b as u64,
         _ => return None,
     })
+}
+
+/// Walks the header of a GGUF file (metadata and tensor descriptions) without allocating for
+/// anything it reads, and refuses counts, lengths and shapes the file cannot hold: a corrupt or
+/// hostile header becomes an error here instead of a huge allocation or an overflow in the
+/// parser that follows.
+pub fn preflight(bytes: &[u8]) -> std::result::Result<(), String> {
+    let mut r = Reader {
+        bytes,
+        at: 0,
+        wide: true,
+    };
+    if r.u32()? != 0x4655_4747 {
+        return Err("not a GGUF file (wrong magic number)".into());
+    }
+    let version = r.u32()?;
+    if !(1..=3).contains(&version) {
+        return Err(format!("GGUF version {version} is not supported (1 to 3)"));
+    }
+    r.wide = version > 1;
+    let tensors = r.count()?;
+    let kvs = r.count()?;
+    // The smallest key/value pair takes 13 bytes, the smallest tensor description 24.
+    r.fits(kvs, 13, "metadata entries")?;
+    for _ in 0..kvs {
+        r.string()?;
+        let ty = r.u32()?;
+        r.value(ty, 0)?;
+    }
+    r.fits(tensors, 24, "tensors")?;
+    for _ in 0..tensors {
+        r.string()?;
+        let dims = r.u32()?;
+        if dims > 4 {
+            return Err(format!("a tensor has {dims} dimensions (at most 4)"));
+        }
+        let mut elems: u64 = 1;
+        for _ in 0..dims {
+            let d = r.count()?;
+            elems = elems
+                .checked_mul(d)
+                .filter(|&e| e <= 1 << 40)
+                .ok_or("a tensor's shape is impossibly large")?;
+        }
+        r.u32()?; // type
+        r.u64()?; // offset
+    }
+    Ok(())
+}
+
+/// A cursor over the header bytes; every read checks that the bytes are there.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    /// Counts and lengths are 64-bit (GGUF 2 and 3) or 32-bit (GGUF 1).
+    wide: bool,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: u64) -> std::result::Result<&[u8], String> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if n > left {
+            return Err(format!(
+                "header is truncated or corrupt: {n} bytes wanted at byte {}, {left} left",
+                self.at
+            ));
+        }
+        let out = &self.bytes[self.at..self.at + n as usize];
+        self.at += n as usize;
+        Ok(out)
+    }
+
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn count(&mut self) -> std::result::Result<u64, String> {
+        if self.wide {
+            self.u64()
+        } else {
+            self.u32().map(u64::from)
+        }
+    }
+
+    /// Fails unless `count` items of at least `size` bytes each fit in what is left.
+    fn fits(&self, count: u64, size: u64, what: &str) -> std::result::Result<(), String> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if count.checked_mul(size).is_none_or(|n| n > left) {
+            return Err(format!(
+                "header claims {count} {what}, more than the file's {left} remaining bytes can hold"
+            ));
+        }
+        Ok(())
+    }
+
+    fn string(&mut self) -> std::result::Result<(), String> {
+        let len = self.count()?;
+        self.take(len).map(|_| ())
+    }
+
+    fn value(&mut self, ty: u32, depth: usize) -> std::result::Result<(), String> {
+        let fixed = match ty {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            8 => return self.string(),
+            9 => {
+                if depth > 4 {
+                    return Err("metadata arrays nested too deeply".into());
+                }
+                let inner = self.u32()?;
+                let count = self.count()?;
+                let min = match inner {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 10..=12 => {
+                        if self.wide {
+                            8
+                        } else {
+                            4
+                        }
+                    }
+                    9 => 12,
+                    other => return Err(format!("unknown metadata value type {other}")),
+                };
+                self.fits(count, min, "array elements")?;
+                for _ in 0..count {
+                    self.value(inner, depth + 1)?;
+                }
+                return Ok(());
+            }
+            other => return Err(format!("unknown metadata value type {other}")),
+        };
+        self.take(fixed).map(|_| ())
+    }
 }
