@@ -1035,3 +1035,72 @@ fn stream_response(
     .flat_map(stream::iter);
     Sse::new(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON values whose object keys are mostly the request's own fields, so that the typed
+    /// reading is reached with wrong types, nesting and values.
+    fn request_like() -> impl Strategy<Value = Value> {
+        let keys: Vec<&'static str> = COMMON_FIELDS
+            .iter()
+            .copied()
+            .chain([
+                "messages",
+                "prompt",
+                "role",
+                "content",
+                "logit_bias",
+                "tools",
+                "x",
+            ])
+            .collect();
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            "[a-z ]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            let keys = keys.clone();
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::vec((proptest::sample::select(keys), inner), 0..6).prop_map(
+                    |kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                ),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any body is read into a request or refused with a 400; nothing panics.
+        #[test]
+        fn any_body_is_read_or_refused(v in request_like(), chat in any::<bool>(), lenient in any::<bool>()) {
+            let kind = if chat { Kind::Chat } else { Kind::Text };
+            let bytes = Bytes::from(serde_json::to_vec(&v).unwrap());
+            match parse(Ok(bytes), kind, lenient) {
+                Ok(value) => {
+                    if let Ok(common) = typed::<Common>(&value) {
+                        let _ = common.logprobs(kind);
+                    }
+                    let _ = typed::<ChatFields>(&value);
+                    let _ = typed::<TextFields>(&value);
+                }
+                Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+            }
+        }
+
+        #[test]
+        fn any_bytes_are_read_or_refused(raw in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Err(e) = parse(Ok(Bytes::from(raw)), Kind::Chat, false) {
+                prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            }
+        }
+    }
+}
