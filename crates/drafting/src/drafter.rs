@@ -30,6 +30,9 @@ use crate::{NgramIndex, MAX_NGRAM};
 /// A tenant's corpus, shared by its sequences.
 pub type SharedCorpus = Arc<Mutex<Corpus>>;
 
+/// A prediction table shared by a tenant's sequences (warm from its earlier requests).
+pub type SharedPredictions = Arc<Mutex<PredictionTable>>;
+
 /// Earlier occurrences looked at per source and step.
 const MAX_OCCURRENCES: usize = 8;
 /// Classes per source: the n-gram size for `ngram` and `corpus`, the rank for `model`.
@@ -48,6 +51,11 @@ const PRIOR_WEIGHT: f64 = 2.0;
 const MIN_GAIN: f64 = 0.1;
 const FIRST_PROBE_GAP: u32 = 8;
 const MAX_PROBE_GAP: u32 = 512;
+
+/// A shared table, even if a holder panicked (the data stays usable: every update is one insert).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Decayed counts of tried and accepted nodes per (source, class, depth): the estimated
 /// probability that a node is accepted once its parent is.
@@ -145,7 +153,10 @@ pub struct Drafter {
     draft_match: usize,
     /// Per node of a tree draft: its class for the estimates.
     classes: Vec<u8>,
-    predictions: PredictionTable,
+    /// The model's earlier predictions: the sequence's own table, or its tenant's.
+    predictions: SharedPredictions,
+    /// Candidates per token taken from the table (`tree_top_k`).
+    top_k: usize,
     corpus: Option<SharedCorpus>,
     rates: TreeRates,
     /// Steps since a tree was sent, and the gap after which a one-node probe goes out.
@@ -175,7 +186,8 @@ impl Drafter {
             tree: DraftTree::new(),
             draft_match: 0,
             classes: Vec::new(),
-            predictions: PredictionTable::new(config.tree_top_k),
+            predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
+            top_k: config.tree_top_k,
             corpus: None,
             rates: TreeRates::new(),
             since_draft: 0,
@@ -190,6 +202,12 @@ impl Drafter {
     /// Drafts also from `corpus` (method `tree` with the corpus source on).
     pub fn set_corpus(&mut self, corpus: SharedCorpus) {
         self.corpus = Some(corpus);
+    }
+
+    /// Drafts the model source from (and records into) `table`, shared with other sequences of
+    /// the same tenant, instead of a table of its own.
+    pub fn set_predictions(&mut self, table: SharedPredictions) {
+        self.predictions = table;
     }
 
     /// The sequence as the drafter knows it (prompt and emitted tokens).
@@ -211,7 +229,7 @@ impl Drafter {
     /// [`record_prediction`](Self::record_prediction) (0: none, the model source is off).
     pub fn wants_predictions(&self) -> usize {
         if self.method == SpecMethod::Tree && self.sources.model && self.max_tokens > 0 {
-            self.predictions.k()
+            self.top_k
         } else {
             0
         }
@@ -220,7 +238,7 @@ impl Drafter {
     /// Records the model's most likely tokens (best first) after the input `token` of a row,
     /// whose own input before it was `prev` (on the row's path; `None` if there is none).
     pub fn record_prediction(&mut self, prev: Option<u32>, token: u32, top: &[u32]) {
-        self.predictions.record(prev, token, top);
+        lock(&self.predictions).record(prev, token, top);
     }
 
     /// The draft for the next pass: at most `limit` nodes, at most K deep (and for a tree at most
@@ -268,9 +286,15 @@ impl Drafter {
         if !self.sources.model {
             return;
         }
-        let count = self.predictions.get(prev, token).len();
-        for rank in 0..count {
-            let t = self.predictions.get(prev, token)[rank];
+        let mut next = [0u32; MAX_TREE_TOP_K];
+        let count = {
+            let table = lock(&self.predictions);
+            let found = table.get(prev, token);
+            let n = found.len().min(self.top_k);
+            next[..n].copy_from_slice(&found[..n]);
+            n
+        };
+        for (rank, &t) in next[..count].iter().enumerate() {
             let r = self.rates.rate(Source::Model, rank, depth + 1);
             self.push_candidate(Candidate {
                 p: p * r,
@@ -302,7 +326,7 @@ impl Drafter {
             });
         }
         if let (true, Some(corpus)) = (self.sources.corpus, self.corpus.as_ref()) {
-            let corpus = corpus.lock().unwrap_or_else(|e| e.into_inner());
+            let corpus = lock(corpus);
             let tokens = self.index.tokens();
             let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
             let runs = &mut self.runs;

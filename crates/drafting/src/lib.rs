@@ -51,7 +51,7 @@ pub mod tree;
 
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
 pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
-pub use drafter::{Drafter, SharedCorpus};
+pub use drafter::{Drafter, SharedCorpus, SharedPredictions};
 pub use index::NgramIndex;
 pub use length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
 pub use pass_cost::PassCost;

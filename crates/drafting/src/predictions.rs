@@ -16,6 +16,10 @@ use crate::spec_config::MAX_TREE_TOP_K;
 /// Marks an unused candidate slot.
 const EMPTY: u32 = u32::MAX;
 
+/// Most token pairs kept (about 40 MB); past it the pairs start over (the single tokens stay).
+/// A table shared by a server's tenant lives as long as the server.
+const MAX_PAIRS: usize = 1 << 20;
+
 /// For each token, the `k` most likely next tokens the model gave the last time it was an input.
 #[derive(Clone, Debug)]
 pub struct PredictionTable {
@@ -52,6 +56,9 @@ impl PredictionTable {
         }
         self.table.insert(token, row);
         if let Some(p) = prev {
+            if self.pairs.len() >= MAX_PAIRS {
+                self.pairs.clear();
+            }
             self.pairs.insert(pair(p, token), row);
         }
     }

@@ -277,11 +277,17 @@ impl Sequence {
         Ok(Some(fork))
     }
 
-    /// Lets the drafter draw on a tenant's corpus of earlier requests (used when the method is
-    /// `tree` with the corpus source on).
-    pub fn set_corpus(&mut self, corpus: drafting::SharedCorpus) {
+    /// Lets the drafter draw on what a tenant's earlier requests left: their prompts and outputs
+    /// (the corpus source) and the model's predictions on them (the model source). Used when the
+    /// method is `tree` with those sources on.
+    pub fn set_tenant_sources(
+        &mut self,
+        corpus: drafting::SharedCorpus,
+        predictions: drafting::SharedPredictions,
+    ) {
         if let Some(d) = self.drafter.as_mut() {
             d.set_corpus(corpus);
+            d.set_predictions(predictions);
         }
     }
 

@@ -20,7 +20,7 @@ use crate::api::Tenant;
 use crate::metrics::Metrics;
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
-use drafting::{Corpus, SharedCorpus};
+use drafting::{Corpus, PredictionTable, SharedCorpus, SharedPredictions, MAX_TREE_TOP_K};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -100,22 +100,25 @@ impl Scheduler {
     }
 }
 
-/// The drafting corpus of each tenant, created on its first request.
+/// What each tenant's earlier requests left for drafting: its corpus of prompts and outputs and
+/// its table of the model's predictions, created on its first request.
 struct Corpora {
     tokens: usize,
-    by_tenant: HashMap<Tenant, SharedCorpus>,
+    by_tenant: HashMap<Tenant, (SharedCorpus, SharedPredictions)>,
 }
 
 impl Corpora {
-    fn of(&mut self, tenant: Tenant) -> Option<SharedCorpus> {
+    fn of(&mut self, tenant: Tenant) -> Option<(SharedCorpus, SharedPredictions)> {
         if self.tokens == 0 {
             return None;
         }
         let tokens = self.tokens;
-        let c = self
-            .by_tenant
-            .entry(tenant)
-            .or_insert_with(|| Arc::new(Mutex::new(Corpus::new(tokens))));
+        let c = self.by_tenant.entry(tenant).or_insert_with(|| {
+            (
+                Arc::new(Mutex::new(Corpus::new(tokens))),
+                Arc::new(Mutex::new(PredictionTable::new(MAX_TREE_TOP_K))),
+            )
+        });
         Some(c.clone())
     }
 }
@@ -298,8 +301,8 @@ fn engine_loop(
                 };
                 r.forks.start += 1;
                 let mut seq = fork;
-                if let Some(c) = corpora.of(r.tenant) {
-                    seq.set_corpus(c);
+                if let Some((c, p)) = corpora.of(r.tenant) {
+                    seq.set_tenant_sources(c, p);
                 }
                 forked.push(Running {
                     tenant: r.tenant,
@@ -326,7 +329,7 @@ fn engine_loop(
                 let per = (now - first).as_secs_f64() / (completion - 1) as f64;
                 metrics.time_per_output_token.observe(per);
             }
-            if let Some(c) = corpora.by_tenant.get(&r.tenant) {
+            if let Some((c, _)) = corpora.by_tenant.get(&r.tenant) {
                 let mut document = r.seq.prompt_tokens().to_vec();
                 document.extend_from_slice(r.seq.generated_tokens());
                 c.lock().unwrap_or_else(|e| e.into_inner()).add(&document);
@@ -378,8 +381,8 @@ fn admit(
             index: 0,
             forks: 1..job.n.max(1),
             seq: {
-                if let Some(c) = corpora.of(job.tenant) {
-                    seq.set_corpus(c);
+                if let Some((c, p)) = corpora.of(job.tenant) {
+                    seq.set_tenant_sources(c, p);
                 }
                 seq
             },

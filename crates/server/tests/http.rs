@@ -635,6 +635,70 @@ async fn corpus_drafts_never_cross_api_keys() {
     );
 }
 
+/// The model source's prediction table is kept per tenant: a tenant's repeated request drafts
+/// from what the model predicted on its first one (more accepted nodes than a cold start), and
+/// another tenant starts cold (exactly as many as the first request had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_predictions_warm_up_within_a_tenant_only() {
+    let mut c = config();
+    c.api_keys = vec!["alice".into(), "bob".into()];
+    let base = start(c).await;
+    let mut body = chat("List the days of the week, one per line.", 40);
+    body["speculative_config"] =
+        json!({"method": "tree", "tree_sources": ["model"], "adaptive": false});
+    let accepted_model = || {
+        let base = base.clone();
+        async move {
+            let text = client()
+                .get(format!("{base}/metrics"))
+                .bearer_auth("alice")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let key = "pld_spec_decode_accepted_tokens_by_source_total{source=\"model\"} ";
+            let line = text.lines().find(|l| l.starts_with(key)).expect(key);
+            line[key.len()..].parse::<u64>().unwrap()
+        }
+    };
+    let ask = |key: &'static str| {
+        let (base, body) = (base.clone(), body.clone());
+        async move {
+            let r = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let v: Value = r.json().await.unwrap();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let t0 = accepted_model().await;
+    let first = ask("alice").await;
+    let t1 = accepted_model().await;
+    let bob = ask("bob").await;
+    let t2 = accepted_model().await;
+    let again = ask("alice").await;
+    let t3 = accepted_model().await;
+    assert_eq!(bob, first);
+    assert_eq!(again, first);
+    let (cold, other, warm) = (t1 - t0, t2 - t1, t3 - t2);
+    eprintln!("model-source nodes accepted: cold {cold}, other tenant {other}, warm {warm}");
+    assert_eq!(other, cold, "bob started from alice's table");
+    assert!(
+        warm > cold,
+        "no warm start: {cold} accepted cold, {warm} warm"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logprobs_in_both_shapes() {
     let base = start(config()).await;
