@@ -15,13 +15,14 @@
 //! calls per step: [`propose`](Drafter::propose) under a price, then (after verification)
 //! [`observe`](Drafter::observe) the accepted path, [`push`](Drafter::push) the tokens that were
 //! emitted, and, where timings are trusted, [`observe_cost`](Drafter::observe_cost); the engine
-//! also hands each verified row's top candidates to [`record_prediction`](Drafter::record_prediction).
+//! also hands each verified row's top candidates to
+//! [`record_predictions`](Drafter::record_predictions).
 
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
 use crate::corpus::Corpus;
-use crate::length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
+use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_DRAFT_TOKEN_COST};
 use crate::predictions::PredictionTable;
 use crate::spec_config::{SpecConfig, SpecError, SpecMethod, TreeSources, MAX_TREE_TOP_K};
 use crate::tree::{DraftTree, Source, ROOT};
@@ -47,10 +48,6 @@ const DEPTHS: usize = 8;
 const RATE_DECAY: f64 = 0.98;
 /// Weight of a rate's prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
-/// The smallest expected gain (tokens per unit of pass cost, over one) for which a tree is sent.
-const MIN_GAIN: f64 = 0.1;
-const FIRST_PROBE_GAP: u32 = 8;
-const MAX_PROBE_GAP: u32 = 512;
 
 /// A shared table, even if a holder panicked (the data stays usable: every update is one insert).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -119,6 +116,17 @@ struct Candidate {
     run: Option<(u32, u16)>,
 }
 
+/// Tokens copied from an earlier occurrence (in the sequence or the corpus): `len` tokens at
+/// `start` in the drafter's `run_tokens`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    start: u32,
+    len: u16,
+    source: Source,
+    /// The size of the n-gram match.
+    class: u8,
+}
+
 impl PartialEq for Candidate {
     fn eq(&self, other: &Self) -> bool {
         self.p == other.p
@@ -149,6 +157,8 @@ pub struct Drafter {
     sources: TreeSources,
     /// The draft of the current step.
     tree: DraftTree,
+    /// A chain draft's tokens, before they become `tree` (scratch).
+    chain: Vec<u32>,
     /// Size of the n-gram match behind a chain draft.
     draft_match: usize,
     /// Per node of a tree draft: its class for the estimates.
@@ -159,12 +169,11 @@ pub struct Drafter {
     top_k: usize,
     corpus: Option<SharedCorpus>,
     rates: TreeRates,
-    /// Steps since a tree was sent, and the gap after which a one-node probe goes out.
-    since_draft: u32,
-    probe_gap: u32,
-    probing: bool,
+    /// When a tree that pays for nothing still sends its best node.
+    probes: Probes,
     // Scratch of the tree builder.
-    runs: Vec<(Vec<u32>, Source, u8)>,
+    runs: Vec<Run>,
+    run_tokens: Vec<u32>,
     heap: BinaryHeap<Candidate>,
     expanded: Vec<bool>,
 }
@@ -184,16 +193,16 @@ impl Drafter {
             max_nodes: config.tree_max_nodes.min(crate::tree::MAX_NODES),
             sources: config.tree_sources,
             tree: DraftTree::new(),
+            chain: Vec::with_capacity(config.num_speculative_tokens),
             draft_match: 0,
             classes: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             top_k: config.tree_top_k,
             corpus: None,
             rates: TreeRates::new(),
-            since_draft: 0,
-            probe_gap: FIRST_PROBE_GAP,
-            probing: false,
+            probes: Probes::new(),
             runs: Vec::new(),
+            run_tokens: Vec::new(),
             heap: BinaryHeap::new(),
             expanded: Vec::new(),
         })
@@ -226,7 +235,7 @@ impl Drafter {
     }
 
     /// How many top candidates per verified row the drafter wants through
-    /// [`record_prediction`](Self::record_prediction) (0: none, the model source is off).
+    /// [`record_predictions`](Self::record_predictions) (0: none, the model source is off).
     pub fn wants_predictions(&self) -> usize {
         if self.method == SpecMethod::Tree && self.sources.model && self.max_tokens > 0 {
             self.top_k
@@ -235,10 +244,32 @@ impl Drafter {
         }
     }
 
-    /// Records the model's most likely tokens (best first) after the input `token` of a row,
-    /// whose own input before it was `prev` (on the row's path; `None` if there is none).
-    pub fn record_prediction(&mut self, prev: Option<u32>, token: u32, top: &[u32]) {
-        lock(&self.predictions).record(prev, token, top);
+    /// Records the model's most likely tokens (best first) after every row of the pass that
+    /// verified the current proposal: `top[0]` after the last token of the sequence, `top[i]`
+    /// after node `i - 1` of the proposal. Call it before [`observe`](Self::observe), while the
+    /// proposal is still known; each row is keyed by its input token and the input before it.
+    pub fn record_predictions(&mut self, top: &[Vec<u32>]) {
+        let tokens = self.index.tokens();
+        let Some(&last) = tokens.last() else {
+            return;
+        };
+        let before_last = tokens.len().checked_sub(2).map(|i| tokens[i]);
+        let t = &self.tree;
+        let mut table = lock(&self.predictions);
+        for (row, top) in top.iter().enumerate() {
+            let (prev, token) = match row {
+                0 => (before_last, last),
+                _ => {
+                    let node = row - 1;
+                    let prev = match t.parents()[node] {
+                        ROOT => last,
+                        p => t.tokens()[p as usize],
+                    };
+                    (Some(prev), t.tokens()[node])
+                }
+            };
+            table.record(prev, token, top);
+        }
     }
 
     /// The draft for the next pass: at most `limit` nodes, at most K deep (and for a tree at most
@@ -250,7 +281,6 @@ impl Drafter {
         self.tree.clear();
         self.classes.clear();
         self.draft_match = 0;
-        self.probing = false;
         let k = self.max_tokens.min(limit);
         if k == 0 {
             return &self.tree;
@@ -264,14 +294,14 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
-        let mut draft = Vec::with_capacity(k);
-        if let Some(m) = self.index.propose(k, &mut draft) {
+        if let Some(m) = self.index.propose(k, &mut self.chain) {
             self.draft_match = m.n;
             if self.adaptive {
-                draft.truncate(self.length.choose_at_cost(price, m.n, draft.len()));
+                let keep = self.length.choose_at_cost(price, m.n, self.chain.len());
+                self.chain.truncate(keep);
             }
         }
-        self.tree = DraftTree::chain(&draft, Source::Ngram);
+        self.tree.set_chain(&self.chain, Source::Ngram);
     }
 
     fn push_candidate(&mut self, c: Candidate) {
@@ -311,40 +341,48 @@ impl Drafter {
     fn propose_tree(&mut self, k: usize, max_nodes: usize, price: f64) {
         self.heap.clear();
         self.runs.clear();
+        self.run_tokens.clear();
         self.expanded.clear();
         let Some(&last) = self.index.tokens().last() else {
             return;
         };
         // Copied runs: every earlier continuation of the suffix, in the sequence and the corpus.
+        let (runs, run_tokens) = (&mut self.runs, &mut self.run_tokens);
+        let mut add_run = |source: Source, n: usize, tokens: &[u32]| {
+            runs.push(Run {
+                start: run_tokens.len() as u32,
+                len: tokens.len() as u16,
+                source,
+                class: n as u8,
+            });
+            run_tokens.extend_from_slice(tokens);
+        };
+        let tokens = self.index.tokens();
         if self.sources.ngram {
-            let tokens = self.index.tokens();
-            let runs = &mut self.runs;
             self.index.for_each_occurrence(MAX_OCCURRENCES, |n, from| {
-                let end = (from + k).min(tokens.len());
-                runs.push((tokens[from..end].to_vec(), Source::Ngram, n as u8));
+                add_run(
+                    Source::Ngram,
+                    n,
+                    &tokens[from..(from + k).min(tokens.len())],
+                );
                 true
             });
         }
         if let (true, Some(corpus)) = (self.sources.corpus, self.corpus.as_ref()) {
-            let corpus = lock(corpus);
-            let tokens = self.index.tokens();
             let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
-            let runs = &mut self.runs;
-            corpus.for_each_continuation(suffix, k, MAX_OCCURRENCES, |n, run| {
-                runs.push((run.to_vec(), Source::Corpus, n as u8));
+            lock(corpus).for_each_continuation(suffix, k, MAX_OCCURRENCES, |n, run| {
+                add_run(Source::Corpus, n, run);
                 true
             });
         }
         for i in 0..self.runs.len() {
-            let (run, source, class) = &self.runs[i];
-            let (token, source, class) = (run[0], *source, *class);
-            let p = self.rates.rate(source, class as usize, 1);
+            let run = self.runs[i];
             self.push_candidate(Candidate {
-                p,
+                p: self.rates.rate(run.source, run.class as usize, 1),
                 parent: ROOT,
-                token,
-                source,
-                class,
+                token: self.run_tokens[run.start as usize],
+                source: run.source,
+                class: run.class,
                 depth: 1,
                 run: Some((i as u32, 0)),
             });
@@ -379,20 +417,19 @@ impl Drafter {
             if depth >= k {
                 continue;
             }
-            if let Some((run, off)) = c.run {
-                let (tokens, source, class) = &self.runs[run as usize];
-                if let Some(&next) = tokens.get(off as usize + 1) {
-                    let r = self.rates.rate(*source, *class as usize, depth + 1);
-                    let cand = Candidate {
+            if let Some((i, off)) = c.run {
+                let run = self.runs[i as usize];
+                if off + 1 < run.len {
+                    let r = self.rates.rate(run.source, run.class as usize, depth + 1);
+                    self.push_candidate(Candidate {
                         p: c.p * r,
                         parent: node as u32,
-                        token: next,
-                        source: *source,
-                        class: *class,
+                        token: self.run_tokens[(run.start + u32::from(off) + 1) as usize],
+                        source: run.source,
+                        class: run.class,
                         depth: (depth + 1) as u16,
-                        run: Some((run, off + 1)),
-                    };
-                    self.push_candidate(cand);
+                        run: Some((i, off + 1)),
+                    });
                 }
             }
             if !self.expanded[node] {
@@ -404,23 +441,15 @@ impl Drafter {
                 self.push_predictions(node as u32, Some(prev), c.token, depth, c.p);
             }
         }
-        if !self.adaptive {
-            self.since_draft = 0;
-            return;
-        }
         let gain = expected / (1.0 + price * self.tree.len() as f64);
-        if self.tree.is_empty() || gain < 1.0 + MIN_GAIN {
+        if self.adaptive && gain < 1.0 + MIN_GAIN {
             self.tree.clear();
             self.classes.clear();
             // Nothing pays: now and then send the single best node, so that estimates that are
             // too low (or a price too high) can be corrected by evidence.
-            match best_first {
-                Some(c) if self.since_draft >= self.probe_gap => {
-                    self.classes.push(c.class);
-                    self.tree.push(c.token, ROOT, c.source);
-                    self.probing = true;
-                }
-                _ => self.since_draft = self.since_draft.saturating_add(1),
+            if let (Some(c), true) = (best_first, self.probes.due()) {
+                self.classes.push(c.class);
+                self.tree.push(c.token, ROOT, c.source);
             }
         }
     }
@@ -436,32 +465,20 @@ impl Drafter {
                 self.length
                     .observe(self.draft_match, drafted, path.len().min(drafted));
             }
-            SpecMethod::Tree if drafted == 0 => {}
+            SpecMethod::Tree if drafted == 0 => self.probes.idle(),
             SpecMethod::Tree => {
-                let mut on_path = vec![false; drafted];
-                for &n in path {
-                    on_path[n] = true;
-                }
-                let parents = self.tree.parents();
+                // A node was tried if its parent was accepted (or is the root).
+                let on_path = |n: u32| path.contains(&(n as usize));
+                let t = &self.tree;
                 for i in 0..drafted {
-                    let p = parents[i];
-                    if p == ROOT || on_path[p as usize] {
-                        self.rates.observe(
-                            self.tree.sources()[i],
-                            self.classes[i] as usize,
-                            self.tree.depths()[i] as usize,
-                            on_path[i],
-                        );
+                    let p = t.parents()[i];
+                    if p == ROOT || on_path(p) {
+                        let (class, depth) = (self.classes[i] as usize, t.depths()[i] as usize);
+                        self.rates
+                            .observe(t.sources()[i], class, depth, on_path(i as u32));
                     }
                 }
-                if self.probing {
-                    self.probe_gap = if path.is_empty() {
-                        (self.probe_gap * 2).min(MAX_PROBE_GAP)
-                    } else {
-                        FIRST_PROBE_GAP
-                    };
-                }
-                self.since_draft = 0;
+                self.probes.sent(!path.is_empty());
             }
         }
         self.tree.clear();
@@ -576,8 +593,8 @@ mod tests {
         let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]).unwrap();
         assert_eq!(d.wants_predictions(), 4);
         assert!(d.propose(8, None).is_empty(), "nothing recorded yet");
-        d.record_prediction(None, 7, &[8, 9]);
-        d.record_prediction(None, 8, &[10]);
+        lock(&d.predictions).record(None, 7, &[8, 9]);
+        lock(&d.predictions).record(None, 8, &[10]);
         let t = d.propose(8, None).clone();
         let mut tokens = t.tokens().to_vec();
         tokens.sort();
@@ -602,7 +619,7 @@ mod tests {
     fn costly_rows_shrink_the_tree() {
         let mut d =
             Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]).unwrap();
-        d.record_prediction(None, 2, &[3, 4, 5, 6]);
+        lock(&d.predictions).record(None, 2, &[3, 4, 5, 6]);
         let cheap = d.propose(8, Some(0.02)).len();
         let dear = d.propose(8, Some(0.3)).len();
         assert!(cheap > dear, "{cheap} nodes at 0.02, {dear} at 0.3");

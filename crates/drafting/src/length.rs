@@ -26,12 +26,57 @@ const DECAY: f64 = 0.95;
 /// Prior pseudo-counts of accepted and rejected tokens: a prior acceptance of one half.
 const PRIOR_ACCEPT: f64 = 1.0;
 const PRIOR_REJECT: f64 = 1.0;
-/// The smallest expected gain in tokens per unit of pass cost for which a draft is sent.
-const MIN_GAIN: f64 = 0.1;
+/// The smallest expected gain in tokens per unit of pass cost for which a draft (chain or tree) is
+/// sent.
+pub(crate) const MIN_GAIN: f64 = 0.1;
 /// Steps without a draft before the first probe; the gap doubles after every rejected probe, up to
 /// `MAX_PROBE_GAP`.
 const FIRST_PROBE_GAP: u32 = 8;
 const MAX_PROBE_GAP: u32 = 512;
+
+/// When a drafter that has been sending nothing sends a one-token probe: after `gap` steps without
+/// a draft; the gap doubles after every rejected probe (up to `MAX_PROBE_GAP`) and starts over
+/// after an accepted one. Used by the chain's [`DraftLength`] and by the tree drafter.
+#[derive(Clone, Debug)]
+pub(crate) struct Probes {
+    /// Steps since the last draft was sent.
+    since_draft: u32,
+    /// Steps without a draft after which a probe is sent.
+    gap: u32,
+}
+
+impl Probes {
+    pub(crate) fn new() -> Self {
+        Probes {
+            since_draft: 0,
+            gap: FIRST_PROBE_GAP,
+        }
+    }
+
+    /// Whether a probe is due (and, until the next [`sent`](Self::sent), whether what was sent
+    /// counts as one).
+    pub(crate) fn due(&self) -> bool {
+        self.since_draft >= self.gap
+    }
+
+    /// Counts a step without a draft.
+    pub(crate) fn idle(&mut self) {
+        self.since_draft = self.since_draft.saturating_add(1);
+    }
+
+    /// Counts a verified draft; `accepted` is whether any of it was kept.
+    pub(crate) fn sent(&mut self, accepted: bool) {
+        if self.due() {
+            // This was a probe: back off after a rejection, start over after a success.
+            self.gap = if accepted {
+                FIRST_PROBE_GAP
+            } else {
+                (self.gap * 2).min(MAX_PROBE_GAP)
+            };
+        }
+        self.since_draft = 0;
+    }
+}
 
 /// Chooses draft lengths from acceptance estimates per n-gram size and the price of a row.
 #[derive(Clone, Debug)]
@@ -41,10 +86,7 @@ pub struct DraftLength {
     /// Extra cost of each token beyond the first in a pass, relative to a one-token pass.
     alpha: f64,
     one_token_cost: Option<f64>,
-    /// Steps since the last draft was sent.
-    since_draft: u32,
-    /// Steps without a draft after which a one-token probe is sent.
-    probe_gap: u32,
+    probes: Probes,
 }
 
 impl DraftLength {
@@ -55,8 +97,7 @@ impl DraftLength {
             rejected: [0.0; MAX_NGRAM + 1],
             alpha: alpha.max(0.0),
             one_token_cost: None,
-            since_draft: 0,
-            probe_gap: FIRST_PROBE_GAP,
+            probes: Probes::new(),
         }
     }
 
@@ -82,7 +123,7 @@ impl DraftLength {
     /// costs in the current batch).
     pub fn choose_at_cost(&self, alpha: f64, n: usize, available: usize) -> usize {
         match self.best_length_at_cost(alpha, n, available) {
-            0 if self.since_draft >= self.probe_gap => available.min(1),
+            0 if self.probes.due() => available.min(1),
             k => k,
         }
     }
@@ -122,15 +163,7 @@ impl DraftLength {
             return;
         }
         let n = n.min(MAX_NGRAM);
-        if self.since_draft >= self.probe_gap {
-            // This was a probe: back off after a rejection, start over after a success.
-            self.probe_gap = if accepted == 0 {
-                (self.probe_gap * 2).min(MAX_PROBE_GAP)
-            } else {
-                FIRST_PROBE_GAP
-            };
-        }
-        self.since_draft = 0;
+        self.probes.sent(accepted > 0);
         for i in 0..=MAX_NGRAM {
             self.accepted[i] *= DECAY;
             self.rejected[i] *= DECAY;
@@ -142,7 +175,7 @@ impl DraftLength {
     /// Counts a step without a draft. The estimates stay as they are: they move on evidence
     /// only, and the probes bring that evidence when no draft pays.
     pub fn idle(&mut self) {
-        self.since_draft = self.since_draft.saturating_add(1);
+        self.probes.idle();
     }
 
     /// Records how long a pass over `tokens` tokens took, refining `alpha`.
@@ -249,12 +282,12 @@ mod tests {
         assert_eq!(probes[0], FIRST_PROBE_GAP);
         assert_eq!(idle, [16, 32, 64, 128], "probes at {probes:?}");
         // An accepted probe brings the short gap back.
-        for _ in 0..c.probe_gap {
+        for _ in 0..c.probes.gap {
             c.idle();
         }
         assert_eq!(c.choose(3, 8), 1);
         c.observe(3, 1, 1);
-        assert_eq!(c.probe_gap, FIRST_PROBE_GAP);
+        assert_eq!(c.probes.gap, FIRST_PROBE_GAP);
         assert_eq!(c.choose(3, 0), 0, "nothing to send, no probe");
     }
 

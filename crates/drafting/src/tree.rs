@@ -62,11 +62,17 @@ impl DraftTree {
     /// A chain: each token the only child of the one before.
     pub fn chain(tokens: &[u32], source: Source) -> Self {
         let mut t = DraftTree::new();
+        t.set_chain(tokens, source);
+        t
+    }
+
+    /// Makes this tree the chain of `tokens` (reusing its storage).
+    pub fn set_chain(&mut self, tokens: &[u32], source: Source) {
+        self.clear();
         let mut parent = ROOT;
         for &tok in tokens {
-            parent = t.push(tok, parent, source) as u32;
+            parent = self.push(tok, parent, source) as u32;
         }
-        t
     }
 
     pub fn clear(&mut self) {
@@ -189,33 +195,6 @@ impl DraftTree {
         }
         tokens.len()
     }
-
-    /// Removes every node not in `keep` (which must be closed under parents), renumbering the
-    /// rest in their order.
-    pub fn retain(&mut self, keep: &[bool]) {
-        let mut new_index = vec![ROOT; self.len()];
-        let mut next = 0u32;
-        for i in 0..self.len() {
-            if keep[i] {
-                new_index[i] = next;
-                next += 1;
-            }
-        }
-        let mut out = DraftTree::new();
-        for i in 0..self.len() {
-            if keep[i] {
-                let p = self.parents[i];
-                let parent = if p == ROOT {
-                    ROOT
-                } else {
-                    debug_assert!(keep[p as usize], "kept node without its parent");
-                    new_index[p as usize]
-                };
-                out.push(self.tokens[i], parent, self.sources[i]);
-            }
-        }
-        *self = out;
-    }
 }
 
 #[cfg(test)]
@@ -239,16 +218,5 @@ mod tests {
         // The budget stops a path part-way.
         assert_eq!(t.insert_path(4, &[6, 7], Source::Model, 6), 1);
         assert_eq!(t.len(), 6);
-    }
-
-    #[test]
-    fn retain_renumbers() {
-        let mut t = DraftTree::new();
-        t.insert_path(ROOT, &[1, 2, 3], Source::Ngram, 63);
-        t.insert_path(ROOT, &[4, 5], Source::Model, 63);
-        t.retain(&[true, false, false, true, true]);
-        assert_eq!(t.tokens(), [1, 4, 5]);
-        assert_eq!(t.parents(), [ROOT, ROOT, 1]);
-        assert_eq!(t.depths(), [1, 1, 2]);
     }
 }

@@ -53,7 +53,7 @@ impl GenerationConfig {
     pub fn validate(&self) -> Result<()> {
         self.sampling
             .validate()
-            .map_err(EngineError::InvalidConfig)?;
+            .map_err(|e| EngineError::InvalidConfig(e.message))?;
         if self.max_new_tokens == 0 {
             return Err(EngineError::InvalidConfig(
                 "max_new_tokens must be at least 1".into(),
@@ -114,6 +114,15 @@ impl BySource {
         self.ngram += other.ngram;
         self.model += other.model;
         self.corpus += other.corpus;
+    }
+
+    /// What was counted since `earlier` (a copy of these counts taken before).
+    pub fn since(&self, earlier: &BySource) -> BySource {
+        BySource {
+            ngram: self.ngram - earlier.ngram,
+            model: self.model - earlier.model,
+            corpus: self.corpus - earlier.corpus,
+        }
     }
 }
 
@@ -544,7 +553,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 seq.cache.keep_rows(start, &kept);
                 seq.stats.steps += 1;
                 seq.stats.draft_tokens += tree.len();
-                seq.stats.accepted_tokens += verdict.accepted;
+                seq.stats.accepted_tokens += verdict.accepted();
                 for &s in tree.sources() {
                     *seq.stats.drafted_by_source.get_mut(s) += 1;
                 }
@@ -552,23 +561,13 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     *seq.stats.accepted_by_source.get_mut(tree.sources()[n]) += 1;
                 }
                 if let Some(d) = seq.drafter.as_mut() {
-                    d.observe(&verdict.path);
                     let k = d.wants_predictions();
                     if k > 0 {
-                        // Row 0's input is the last committed token; a node's input follows
-                        // its parent's.
-                        let before_last = seq.tokens.len().checked_sub(2).map(|i| seq.tokens[i]);
-                        for (i, r) in rows.chunks_exact(vocab).enumerate() {
-                            let prev = match i {
-                                0 => before_last,
-                                _ => Some(match tree.parents()[i - 1] {
-                                    drafting::ROOT => toks[0],
-                                    p => toks[p as usize + 1],
-                                }),
-                            };
-                            d.record_prediction(prev, toks[i], &top_ids(r, k));
-                        }
+                        let top: Vec<Vec<u32>> =
+                            rows.chunks_exact(vocab).map(|r| top_ids(r, k)).collect();
+                        d.record_predictions(&top);
                     }
+                    d.observe(&verdict.path);
                     // Timings vary from run to run: they may steer draft lengths only where the
                     // output cannot depend on them (greedy), so seeded sampling stays
                     // reproducible. A pass shared with other sequences says nothing about this

@@ -35,27 +35,42 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling setting out of range, with the field it concerns (so that an HTTP error can name
+/// it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SamplingError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 impl SamplingParams {
-    pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return Err(format!(
-                "repetition_penalty must be > 0, got {}",
-                self.repetition_penalty
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let check = |ok: bool, field: &'static str, what: &str, value: f32| {
+            if ok {
+                Ok(())
+            } else {
+                Err(SamplingError {
+                    field,
+                    message: format!("{field} must be {what}, got {value}"),
+                })
+            }
+        };
+        let (t, p, m, r) = (
+            self.temperature,
+            self.top_p,
+            self.min_p,
+            self.repetition_penalty,
+        );
+        check(t >= 0.0 && t.is_finite(), "temperature", ">= 0", t)?;
+        check(p > 0.0 && p <= 1.0, "top_p", "in (0, 1]", p)?;
+        check((0.0..=1.0).contains(&m), "min_p", "in [0, 1]", m)?;
+        check(r > 0.0 && r.is_finite(), "repetition_penalty", "> 0", r)
     }
 
     /// Sampling at temperature 0 is greedy decoding.

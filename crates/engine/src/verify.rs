@@ -13,12 +13,17 @@ use rand::Rng;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
-    /// How many drafted tokens were kept (the length of the accepted path).
-    pub accepted: usize,
     /// The kept drafts followed by the model's own token: 1..=depth+1 tokens.
     pub tokens: Vec<u32>,
     /// The tree nodes of the kept drafts, root's child first (for a chain: 0, 1, ...).
     pub path: Vec<usize>,
+}
+
+impl Verdict {
+    /// How many drafted tokens were kept (the length of the accepted path).
+    pub fn accepted(&self) -> usize {
+        self.path.len()
+    }
 }
 
 /// `rows` holds K+1 rows of `vocab` logits: row i predicts the token after the i-th input of the
@@ -99,11 +104,7 @@ pub fn verify_tree(
             }
             Err(own) => {
                 tokens.push(own);
-                return Verdict {
-                    accepted: path.len(),
-                    tokens,
-                    path,
-                };
+                return Verdict { tokens, path };
             }
         }
     }
@@ -130,7 +131,6 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
-                accepted: 2,
                 tokens: vec![3, 1, 2],
                 path: vec![0, 1],
             }
@@ -139,7 +139,6 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
-                accepted: 3,
                 tokens: vec![3, 1, 2, 0],
                 path: vec![0, 1, 2],
             }
@@ -148,7 +147,6 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
-                accepted: 0,
                 tokens: vec![3],
                 path: vec![],
             }
@@ -157,7 +155,6 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
-                accepted: 0,
                 tokens: vec![3],
                 path: vec![],
             }
@@ -194,7 +191,7 @@ mod tests {
         // root -> 2 (node 1) -> 3 (node 2) -> the model says 2, which node 2 lacks: emitted.
         assert_eq!(v.tokens, vec![2, 3, 2]);
         assert_eq!(v.path, vec![1, 2]);
-        assert_eq!(v.accepted, 2);
+        assert_eq!(v.accepted(), 2);
         // A different model agreeing with the deeper branch through 0.
         let rows = one_hot(4, &[2, 0, 0, 2, 3, 1]);
         let v = verify_tree(&rows, 4, &tree, &[0], &p, &mut rng);

@@ -378,32 +378,13 @@ impl Common {
             ));
         }
         let temperature = self.temperature.unwrap_or(1.0);
-        let range = |name: &str, v: Option<f32>, ok: fn(f32) -> bool, what: &str| match v {
-            Some(x) if !ok(x) => Err(ApiError::bad_request(
-                format!("{name} must be {what}, got {x}"),
-                Some(name),
-            )),
-            _ => Ok(()),
-        };
-        range(
-            "temperature",
-            self.temperature,
-            |t| (0.0..=2.0).contains(&t),
-            "between 0 and 2",
-        )?;
-        range("top_p", self.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
-        range(
-            "min_p",
-            self.min_p,
-            |p| (0.0..=1.0).contains(&p),
-            "in [0, 1]",
-        )?;
-        range(
-            "repetition_penalty",
-            self.repetition_penalty,
-            |r| r > 0.0 && r.is_finite(),
-            "above 0",
-        )?;
+        // OpenAI's range; the engine itself takes any temperature >= 0.
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad_request(
+                format!("temperature must be between 0 and 2, got {temperature}"),
+                Some("temperature"),
+            ));
+        }
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -424,7 +405,7 @@ impl Common {
         };
         sampling
             .validate()
-            .map_err(|m| ApiError::bad_request(m, None))?;
+            .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
         let top_level = SpecOverrides {
             num_speculative_tokens: self.num_speculative_tokens,
             prompt_lookup_max: self.prompt_lookup_max,
@@ -503,8 +484,8 @@ async fn chat_completions(
             };
             messages.push(Message::new(role, &content));
         }
-        let lm = state.lm.clone();
-        let prompt = lm
+        let prompt = state
+            .lm
             .render_chat(&messages)
             .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
         let ids = tokenize(&state, prompt, Kind::Chat).await?;
@@ -582,35 +563,35 @@ async fn tokenize(state: &Arc<AppState>, prompt: String, kind: Kind) -> Result<V
         .map_err(|e| ApiError::bad_request(e.to_string(), Some(kind.prompt_field())))
 }
 
-/// OpenAI-shaped answers for paths and methods the API does not have.
+/// OpenAI-shaped answers for paths and methods the API does not have, counted like the rest.
 async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let r = ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!("no route for {} {}", request.method(), request.uri().path()),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("not_found"),
-    }
-    .into_response();
-    state.metrics.count_status(404);
-    r
+    let message = format!("no route for {} {}", request.method(), request.uri().path());
+    no_route(&state, StatusCode::NOT_FOUND, message, "not_found")
 }
 
 async fn method_not_allowed(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let r = ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!(
-            "method {} is not allowed on {}",
-            request.method(),
-            request.uri().path()
-        ),
+    let message = format!(
+        "method {} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    );
+    no_route(
+        &state,
+        StatusCode::METHOD_NOT_ALLOWED,
+        message,
+        "method_not_allowed",
+    )
+}
+
+fn no_route(state: &AppState, status: StatusCode, message: String, code: &'static str) -> Response {
+    let error = ApiError {
+        status,
+        message,
         kind: "invalid_request_error",
         param: None,
-        code: Some("method_not_allowed"),
-    }
-    .into_response();
-    state.metrics.count_status(405);
-    r
+        code: Some(code),
+    };
+    finish(state, Err(error))
 }
 
 fn finish(state: &AppState, result: Result<Response, ApiError>) -> Response {

@@ -93,6 +93,16 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Adds drafted and accepted tokens by draft source.
+    pub fn count_by_source(&self, drafted: engine::BySource, accepted: engine::BySource) {
+        for (counts, more) in [
+            (&self.drafted_by_source, drafted),
+            (&self.accepted_by_source, accepted),
+        ] {
+            counts.lock().unwrap_or_else(|e| e.into_inner()).add(&more);
+        }
+    }
+
     pub fn count_status(&self, status: u16) {
         let mut m = self
             .requests_by_status

@@ -108,18 +108,20 @@ struct Corpora {
 }
 
 impl Corpora {
-    fn of(&mut self, tenant: Tenant) -> Option<(SharedCorpus, SharedPredictions)> {
+    /// Lets `seq` draft from what its tenant's earlier requests left (nothing when the corpus is
+    /// off).
+    fn attach(&mut self, tenant: Tenant, seq: &mut Sequence) {
         if self.tokens == 0 {
-            return None;
+            return;
         }
         let tokens = self.tokens;
-        let c = self.by_tenant.entry(tenant).or_insert_with(|| {
+        let (corpus, predictions) = self.by_tenant.entry(tenant).or_insert_with(|| {
             (
                 Arc::new(Mutex::new(Corpus::new(tokens))),
                 Arc::new(Mutex::new(PredictionTable::new(MAX_TREE_TOP_K))),
             )
         });
-        Some(c.clone())
+        seq.set_tenant_sources(corpus.clone(), predictions.clone());
     }
 }
 
@@ -240,18 +242,9 @@ fn engine_loop(
         let now = Instant::now();
         for (r, (d0, a0, s0, ds0, as0)) in running.iter_mut().zip(before) {
             let s = &r.seq.stats;
-            let delta = |now: engine::BySource, then: engine::BySource| engine::BySource {
-                ngram: now.ngram - then.ngram,
-                model: now.model - then.model,
-                corpus: now.corpus - then.corpus,
-            };
-            let add = |c: &Mutex<engine::BySource>, d: engine::BySource| {
-                c.lock().unwrap_or_else(|e| e.into_inner()).add(&d);
-            };
-            add(&metrics.drafted_by_source, delta(s.drafted_by_source, ds0));
-            add(
-                &metrics.accepted_by_source,
-                delta(s.accepted_by_source, as0),
+            metrics.count_by_source(
+                s.drafted_by_source.since(&ds0),
+                s.accepted_by_source.since(&as0),
             );
             metrics
                 .draft_tokens
@@ -287,7 +280,7 @@ fn engine_loop(
             let seed = r.seq.config().seed;
             while !r.forks.is_empty() {
                 let index = r.forks.start;
-                let fork = match r
+                let mut seq = match r
                     .seq
                     .fork(&lm.model, seed.map(|s| s.wrapping_add(index as u64)))
                 {
@@ -300,10 +293,7 @@ fn engine_loop(
                     }
                 };
                 r.forks.start += 1;
-                let mut seq = fork;
-                if let Some((c, p)) = corpora.of(r.tenant) {
-                    seq.set_tenant_sources(c, p);
-                }
+                corpora.attach(r.tenant, &mut seq);
                 forked.push(Running {
                     tenant: r.tenant,
                     index,
@@ -376,20 +366,18 @@ fn admit(
         .prompt_tokens
         .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
     match Sequence::new(&lm.model, job.prompt, job.config, ctx) {
-        Ok(mut seq) => running.push(Running {
-            tenant: job.tenant,
-            index: 0,
-            forks: 1..job.n.max(1),
-            seq: {
-                if let Some((c, p)) = corpora.of(job.tenant) {
-                    seq.set_tenant_sources(c, p);
-                }
-                seq
-            },
-            events: job.events,
-            arrived: job.arrived,
-            first_token: None,
-        }),
+        Ok(mut seq) => {
+            corpora.attach(job.tenant, &mut seq);
+            running.push(Running {
+                tenant: job.tenant,
+                index: 0,
+                forks: 1..job.n.max(1),
+                seq,
+                events: job.events,
+                arrived: job.arrived,
+                first_token: None,
+            });
+        }
         Err(e) => {
             let _ = job.events.send(Event::Failed(e.to_string()));
         }

@@ -61,7 +61,8 @@ pub struct TreeMask<'a> {
 }
 
 impl TreeMask<'_> {
-    fn row(&self, r: usize) -> Visible {
+    /// What row `r` sees.
+    pub(crate) fn row(&self, r: usize) -> Visible {
         Visible {
             start: self.start,
             bits: self.rows[r],
@@ -139,10 +140,10 @@ fn attend_visible(
         if isa == Isa::Avx512Vnni && hd % 16 == 0 {
             // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
             // multiple of 16; every key and value read lies inside the checked span; one row.
-            let mask = visible.map(|v| (v.start, [v.bits]));
-            let mask = mask.as_ref().map(|(start, bits)| TreeMask {
-                start: *start,
-                rows: bits,
+            let bits = [visible.map_or(0, |v| v.bits)];
+            let mask = visible.map(|v| TreeMask {
+                start: v.start,
+                rows: &bits,
             });
             return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, mask, scores, out) };
         }
@@ -215,7 +216,7 @@ pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], 
 }
 
 /// `attend_scalar` for a row that sees only the positions `visible` allows.
-pub fn attend_scalar_visible(
+fn attend_scalar_visible(
     q: &[f32],
     kv: KvHead<'_>,
     scale: f32,

@@ -45,10 +45,7 @@ pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attention::{
-    attend, attend_rows, attend_scalar, attend_scalar_visible, attend_with, KvHead, TreeMask,
-    Visible,
-};
+pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead, TreeMask};
 pub use bandwidth::read_bandwidth;
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,

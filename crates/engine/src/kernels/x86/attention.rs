@@ -288,11 +288,10 @@ pub(crate) unsafe fn attend_rows_avx512(
     }
     for j in 0..nq {
         let n = row_len(j / group);
-        let visible = tree.map(|m| Visible {
-            start: m.start,
-            bits: m.rows[j / group],
-        });
-        softmax_visible(&mut scores[j * len..j * len + n], visible);
+        softmax_visible(
+            &mut scores[j * len..j * len + n],
+            tree.map(|m| m.row(j / group)),
+        );
     }
     // Values, in blocks of positions; the partial sums wait in `out` between blocks.
     let sp = scores.as_ptr();
