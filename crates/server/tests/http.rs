@@ -364,6 +364,7 @@ async fn strict_requests_name_the_field_at_fault() {
     );
     assert_eq!(refused("temperature", json!(2.5)).await, "temperature");
     assert_eq!(refused("top_p", json!(0)).await, "top_p");
+    assert_eq!(refused("echo", json!(true)).await, "echo");
     // What changes nothing is accepted.
     let mut body = chat("hi", 2);
     body["logit_bias"] = json!({});
