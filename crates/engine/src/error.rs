@@ -8,7 +8,7 @@ pub enum EngineError {
     ModelNotFound(PathBuf),
     #[error("cannot read model file {path}: {reason}")]
     BadModelFile { path: PathBuf, reason: String },
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    #[error("unsupported model architecture '{0}' (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES)]
     UnsupportedArchitecture(String),
     #[error("tensor '{name}' has type {dtype}, which pld cannot compute with")]
     UnsupportedTensorType { name: String, dtype: String },

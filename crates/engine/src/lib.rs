@@ -3,6 +3,7 @@
 //! `pld generate` and the server drive.
 
 pub mod chat;
+pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -38,8 +39,13 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, weights::Precision::Stored)
+    }
+
+    /// `load` with the weight matrices held at `precision` (f32 only to check arithmetic).
+    pub fn load_with(path: &Path, precision: weights::Precision) -> Result<Self> {
         let file = gguf::GgufFile::open(path)?;
-        let model = Model::load(&file)?;
+        let model = Model::load_with(&file, precision)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         if tokenizer.vocab_size() < model.config.vocab_size {
             return Err(EngineError::BadMetadata(format!(
@@ -82,7 +88,7 @@ impl LoadedModel {
         match &self.chat_template {
             Some(t) => t.render(messages, true),
             None => Err(EngineError::ChatTemplate(
-                "the model has no chat template (tokenizer.chat_template)".into(),
+                "the model has no chat template (tokenizer.chat_template): it is a base model, give it plain text (pld generate without --chat, or /v1/completions)".into(),
             )),
         }
     }

@@ -1,5 +1,6 @@
-//! The decoder: one generic transformer for the `llama` and `qwen2` architectures
-//! (Config -> Attention -> Mlp -> Layer -> Model), and its forward pass over a ragged batch.
+//! The decoder: one generic transformer for every supported architecture (the differences are
+//! fields of `config::Config`: Attention -> Mlp -> Layer -> Model), and its forward pass over a
+//! ragged batch.
 //!
 //! A forward pass takes, for each sequence of the batch, some new tokens placed right after what its
 //! KV cache already holds, and returns the logits of every new position (or only the last one, for
@@ -7,118 +8,12 @@
 //! row over that row's own cache. Each row's arithmetic is the same whatever else shares the pass,
 //! so decoding one token at a time and verifying K drafts at once give bit-identical logits.
 
+pub use crate::config::{Activation, Architecture, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, QMatrix};
 use crate::kv_cache::KvCache;
-use crate::weights;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Architecture {
-    Llama,
-    Qwen2,
-}
-
-/// How rotary embeddings pair the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (2i, 2i+1): llama GGUFs, whose q/k weights were permuted for it.
-    Interleaved,
-    /// Halves (i, i + d/2): qwen2 (GPT-NeoX style).
-    Halves,
-}
-
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub arch: Architecture,
-    pub n_layer: usize,
-    pub d_model: usize,
-    pub d_ff: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub rope_dims: usize,
-    pub rope_base: f32,
-    pub rope_style: RopeStyle,
-    pub rms_eps: f32,
-    pub vocab_size: usize,
-    pub context_len: usize,
-}
-
-impl Config {
-    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        let arch_name = file.get_str("general.architecture")?;
-        let (arch, rope_style) = match arch_name {
-            "llama" => (Architecture::Llama, RopeStyle::Interleaved),
-            "qwen2" => (Architecture::Qwen2, RopeStyle::Halves),
-            other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-        };
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let n_layer = file.get_u64(&key("block_count"))? as usize;
-        let d_model = file.get_u64(&key("embedding_length"))? as usize;
-        let d_ff = file.get_u64(&key("feed_forward_length"))? as usize;
-        let n_head = file.get_u64(&key("attention.head_count"))? as usize;
-        let n_kv_head = file
-            .get_u64_opt(&key("attention.head_count_kv"))
-            .unwrap_or(n_head as u64) as usize;
-        if n_head == 0
-            || n_kv_head == 0
-            || !d_model.is_multiple_of(n_head)
-            || !n_head.is_multiple_of(n_kv_head)
-        {
-            return Err(EngineError::BadMetadata(format!(
-                "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads, width {d_model}"
-            )));
-        }
-        let head_dim = file
-            .get_u64_opt(&key("attention.key_length"))
-            .unwrap_or((d_model / n_head) as u64) as usize;
-        let rope_dims = file
-            .get_u64_opt(&key("rope.dimension_count"))
-            .unwrap_or(head_dim as u64) as usize;
-        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
-            return Err(EngineError::BadMetadata(format!(
-                "rope dimension count {rope_dims} does not fit head size {head_dim}"
-            )));
-        }
-        let rope_base = file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0);
-        let rms_eps = file
-            .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))
-            .unwrap_or(1e-5);
-        let context_len = file.get_u64_opt(&key("context_length")).unwrap_or(2048) as usize;
-        let embd = weights::matrix(file, "token_embd.weight")?;
-        if embd.cols != d_model {
-            return Err(EngineError::BadMetadata(format!(
-                "token_embd width {} differs from embedding_length {d_model}",
-                embd.cols
-            )));
-        }
-        Ok(Config {
-            arch,
-            n_layer,
-            d_model,
-            d_ff,
-            n_head,
-            n_kv_head,
-            head_dim,
-            rope_dims,
-            rope_base,
-            rope_style,
-            rms_eps,
-            vocab_size: embd.rows,
-            context_len,
-        })
-    }
-
-    pub fn q_dim(&self) -> usize {
-        self.n_head * self.head_dim
-    }
-
-    pub fn kv_dim(&self) -> usize {
-        self.n_kv_head * self.head_dim
-    }
-}
+use crate::weights::{self, Precision};
 
 struct Attention {
     norm: Vec<f32>,
@@ -128,7 +23,14 @@ struct Attention {
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of queries and keys (`head_dim` long).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     wo: QMatrix,
+    /// Normalizes the block's output before the residual add.
+    post_norm: Option<Vec<f32>>,
+    /// Sees only the last `sliding_window` positions.
+    windowed: bool,
 }
 
 struct Mlp {
@@ -136,6 +38,7 @@ struct Mlp {
     gate: QMatrix,
     up: QMatrix,
     down: QMatrix,
+    post_norm: Option<Vec<f32>>,
 }
 
 struct Layer {
@@ -153,43 +56,107 @@ pub struct Model {
 
 impl Model {
     pub fn load(file: &GgufFile) -> Result<Self> {
+        Self::load_with(file, Precision::Stored)
+    }
+
+    /// `load`, with the weight matrices held at `precision`.
+    pub fn load_with(file: &GgufFile, precision: Precision) -> Result<Self> {
         let c = Config::from_gguf(file)?;
+        let f = c.family;
         let isa = kernels::isa();
         let matrix = |name: &str, rows: usize, cols: usize| {
-            weights::packed_matrix(file, name, rows, cols, isa)
+            weights::product_matrix(file, name, rows, cols, precision, isa)
         };
+        // A fused tensor's rows, split into its parts: phi3's `attn_qkv` (q, k, v) and `ffn_up`
+        // (gate, up).
+        let split = |name: &str, parts: &[usize], cols: usize| -> Result<Vec<QMatrix>> {
+            let whole = weights::matrix(file, name)?;
+            let rows: usize = parts.iter().sum();
+            if whole.rows != rows || whole.cols != cols {
+                return Err(EngineError::BadMetadata(format!(
+                    "tensor '{name}' is {}x{}, expected {rows}x{cols}",
+                    whole.rows, whole.cols
+                )));
+            }
+            let mut first = 0;
+            parts
+                .iter()
+                .map(|&n| {
+                    let part =
+                        whole
+                            .row_range(first, n)
+                            .map_err(|reason| EngineError::BadModelFile {
+                                path: file.path.clone(),
+                                reason: format!("tensor '{name}': {reason}"),
+                            })?;
+                    first += n;
+                    Ok(weights::for_products(part, precision, isa))
+                })
+                .collect()
+        };
+        let vector = |name: &str, len: usize| weights::vector(file, name, len);
         let bias = |name: &str, len: usize| weights::optional_vector(file, name, len);
+        let when = |cond: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            cond.then(|| vector(name, len)).transpose()
+        };
+        let (d, qd, kvd, hd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim, c.d_ff);
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let (wq, wk, wv) = if f.fused {
+                let mut qkv = split(&p("attn_qkv.weight"), &[qd, kvd, kvd], d)?.into_iter();
+                let mut next = || qkv.next().expect("three parts");
+                (next(), next(), next())
+            } else {
+                (
+                    matrix(&p("attn_q.weight"), qd, d)?,
+                    matrix(&p("attn_k.weight"), kvd, d)?,
+                    matrix(&p("attn_v.weight"), kvd, d)?,
+                )
+            };
+            let (gate, up) = if f.fused {
+                let mut gu = split(&p("ffn_up.weight"), &[ff, ff], d)?.into_iter();
+                let gate = gu.next().expect("two parts");
+                (gate, gu.next().expect("two parts"))
+            } else {
+                (
+                    matrix(&p("ffn_gate.weight"), ff, d)?,
+                    matrix(&p("ffn_up.weight"), ff, d)?,
+                )
+            };
             layers.push(Layer {
                 attn: Attention {
-                    norm: weights::vector(file, &p("attn_norm.weight"), c.d_model)?,
-                    wq: matrix(&p("attn_q.weight"), c.q_dim(), c.d_model)?,
-                    wk: matrix(&p("attn_k.weight"), c.kv_dim(), c.d_model)?,
-                    wv: matrix(&p("attn_v.weight"), c.kv_dim(), c.d_model)?,
-                    bq: bias(&p("attn_q.bias"), c.q_dim())?,
-                    bk: bias(&p("attn_k.bias"), c.kv_dim())?,
-                    bv: bias(&p("attn_v.bias"), c.kv_dim())?,
-                    wo: matrix(&p("attn_output.weight"), c.d_model, c.q_dim())?,
+                    norm: vector(&p("attn_norm.weight"), d)?,
+                    wq,
+                    wk,
+                    wv,
+                    bq: bias(&p("attn_q.bias"), qd)?,
+                    bk: bias(&p("attn_k.bias"), kvd)?,
+                    bv: bias(&p("attn_v.bias"), kvd)?,
+                    q_norm: when(f.qk_norm, &p("attn_q_norm.weight"), hd)?,
+                    k_norm: when(f.qk_norm, &p("attn_k_norm.weight"), hd)?,
+                    wo: matrix(&p("attn_output.weight"), d, qd)?,
+                    post_norm: when(f.post_norms, &p("post_attention_norm.weight"), d)?,
+                    windowed: c.is_windowed(i),
                 },
                 mlp: Mlp {
-                    norm: weights::vector(file, &p("ffn_norm.weight"), c.d_model)?,
-                    gate: matrix(&p("ffn_gate.weight"), c.d_ff, c.d_model)?,
-                    up: matrix(&p("ffn_up.weight"), c.d_ff, c.d_model)?,
-                    down: matrix(&p("ffn_down.weight"), c.d_model, c.d_ff)?,
+                    norm: vector(&p("ffn_norm.weight"), d)?,
+                    gate,
+                    up,
+                    down: matrix(&p("ffn_down.weight"), d, ff)?,
+                    post_norm: when(f.post_norms, &p("post_ffw_norm.weight"), d)?,
                 },
             });
         }
         let token_embd = weights::matrix(file, "token_embd.weight")?;
         // Tied embeddings: without an output matrix the embedding table doubles as the head.
         let output = if file.has_tensor("output.weight") {
-            matrix("output.weight", c.vocab_size, c.d_model)?
+            matrix("output.weight", c.vocab_size, d)?
         } else {
-            token_embd.clone().packed_for(isa)
+            weights::for_products(token_embd.clone(), precision, isa)
         };
         Ok(Model {
-            output_norm: weights::vector(file, "output_norm.weight", c.d_model)?,
+            output_norm: vector("output_norm.weight", d)?,
             config: c,
             token_embd,
             layers,
@@ -286,7 +253,43 @@ impl Model {
         let mut x = vec![0f32; n * d];
         let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
         weights::embed(&self.token_embd, tokens, &mut x);
-        let rope = RopeTable::new(c, &row_pos);
+        if c.family.scale_embeddings {
+            let s = (d as f64).sqrt() as f32;
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        let rope = RopeTable::new(c, &c.rope, &row_pos);
+        let rope_local = c
+            .rope_local
+            .as_ref()
+            .map(|r| RopeTable::new(c, r, &row_pos));
+        // What the sliding-window layers see: row r the committed slots from `window_from[r]` on
+        // (committed slots are positions), and of its tree ancestors those less than a window
+        // away (`window_mask[r]`).
+        let (window_from, window_mask): (Vec<usize>, Vec<u64>) = match c.sliding_window {
+            None => (Vec::new(), Vec::new()),
+            Some(w) => {
+                let mut first = 0;
+                let mut from = Vec::with_capacity(n);
+                let mut masks = Vec::with_capacity(n);
+                for item in batch.iter() {
+                    for r in first..first + item.tokens.len() {
+                        from.push((row_pos[r] + 1).saturating_sub(w));
+                        let mut m = row_mask[r];
+                        let mut bits = m;
+                        while bits != 0 {
+                            let i = bits.trailing_zeros() as usize;
+                            bits &= bits - 1;
+                            if row_pos[r] - row_pos[first + i] >= w {
+                                m &= !(1u64 << i);
+                            }
+                        }
+                        masks.push(m);
+                    }
+                    first += item.tokens.len();
+                }
+                (from, masks)
+            }
+        };
         let mut h = vec![0f32; n * d];
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -295,7 +298,7 @@ impl Model {
         let mut proj = vec![0f32; n * d];
         let mut gate = vec![0f32; n * c.d_ff];
         let mut up = vec![0f32; n * c.d_ff];
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.attn_scale;
         let group = c.n_head / c.n_kv_head;
 
         // Attention jobs, the same in every layer: one per (sequence, kv head, run of its rows),
@@ -337,6 +340,14 @@ impl Model {
             add_bias(&mut q, a.bq.as_deref());
             add_bias(&mut k, a.bk.as_deref());
             add_bias(&mut v, a.bv.as_deref());
+            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                norm_heads(&mut q, qn, c.rms_eps);
+                norm_heads(&mut k, kn, c.rms_eps);
+            }
+            let rope = match &rope_local {
+                Some(local) if a.windowed => local,
+                _ => &rope,
+            };
             rope.apply(&mut q, c.n_head, hd);
             rope.apply(&mut k, c.n_kv_head, hd);
             for r in 0..n {
@@ -350,10 +361,35 @@ impl Model {
             let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
             let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
                 let (bi, kvh, r0, r1) = jobs[j];
+                let is_tree = !batch[bi].parents.is_empty();
+                let start = item_start[bi];
+                let windowed_rows = a.windowed
+                    && (r0..r1).any(|r| window_from[r] > 0 || window_mask[r] != row_mask[r]);
+                if windowed_rows {
+                    // Rows whose window cuts into what they would otherwise see go one at a time,
+                    // each over the cache from its window's first slot (a tree node: from the
+                    // committed ones, its ancestors masked as near as the window allows).
+                    for (r, o) in (r0..r1).zip(out.chunks_mut(group * hd)) {
+                        let skip = if is_tree {
+                            window_from[r].min(start)
+                        } else {
+                            window_from[r]
+                        };
+                        let kv = caches[bi].head(li, kvh, row_slot[r] + 1).skip(skip);
+                        let bits = [window_mask[r]];
+                        let tree = is_tree.then_some(kernels::TreeMask {
+                            start: start - skip,
+                            rows: &bits,
+                        });
+                        let q0 = r * qd + kvh * group * hd;
+                        kernels::attend_rows(isa, &q[q0..], qd, 1, kv, scale, tree, scores, o);
+                    }
+                    return;
+                }
                 let kv = caches[bi].head(li, kvh, row_slot[r1 - 1] + 1);
                 let q0 = r0 * qd + kvh * group * hd;
-                let tree = (!batch[bi].parents.is_empty()).then(|| kernels::TreeMask {
-                    start: item_start[bi],
+                let tree = is_tree.then(|| kernels::TreeMask {
+                    start,
                     rows: &row_mask[r0..r1],
                 });
                 kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, tree, scores, out);
@@ -380,20 +416,30 @@ impl Model {
                 }
             }
             kernels::matmul(&att, n, &a.wo, &mut proj);
+            if let Some(w) = &a.post_norm {
+                norm_in_place(&mut proj, w, c.rms_eps, d);
+            }
             add_rows(&mut x, &proj);
 
             // Feed-forward block.
             let m = &layer.mlp;
             norm_rows(&x, &m.norm, c.rms_eps, &mut h, d);
             kernels::matmul_many(&h, n, &mut [(&m.gate, &mut gate), (&m.up, &mut up)]);
+            let activation = match c.family.activation {
+                Activation::Silu => kernels::swiglu,
+                Activation::GeluTanh => kernels::geglu,
+            };
             if n >= 4 {
                 kernels::par_chunks_mut(&mut gate, c.d_ff, &|r, g| {
-                    kernels::swiglu(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
+                    activation(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
                 });
             } else {
-                kernels::swiglu(&mut gate, &up);
+                activation(&mut gate, &up);
             }
             kernels::matmul(&gate, n, &m.down, &mut proj);
+            if let Some(w) = &m.post_norm {
+                norm_in_place(&mut proj, w, c.rms_eps, d);
+            }
             add_rows(&mut x, &proj);
         }
         for item in batch.iter_mut() {
@@ -469,6 +515,19 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
     }
 }
 
+/// RMSNorm of every `w.len()`-long piece of `x` (each head of each row) in place.
+fn norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    norm_in_place(x, w, eps, w.len());
+}
+
+fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
+    let mut tmp = vec![0f32; width];
+    for piece in x.chunks_mut(width) {
+        kernels::rms_norm(piece, w, eps, &mut tmp);
+        piece.copy_from_slice(&tmp);
+    }
+}
+
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         for row in x.chunks_mut(b.len()) {
@@ -494,27 +553,37 @@ struct RopeTable {
 }
 
 impl RopeTable {
-    fn new(c: &Config, positions: &[usize]) -> Self {
-        let half = c.rope_dims / 2;
+    fn new(c: &Config, rope: &Rope, positions: &[usize]) -> Self {
+        let dims = c.rope_dims;
+        let half = dims / 2;
+        let base = rope.base as f64;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| {
+                let f = base.powf(-2.0 * i as f64 / dims as f64);
+                match &rope.factors {
+                    Some(factors) => f / factors[i] as f64,
+                    None => f,
+                }
+            })
+            .collect();
+        let scale = rope.position_scale as f64;
+        let attn = rope.attn_factor as f64;
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
-        let base = c.rope_base as f64;
         for &p in positions {
-            for i in 0..half {
-                let inv_freq = base.powf(-2.0 * i as f64 / c.rope_dims as f64);
-                let angle = p as f64 * inv_freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+            for f in &inv_freq {
+                let angle = p as f64 * scale * f;
+                cos.push((angle.cos() * attn) as f32);
+                sin.push((angle.sin() * attn) as f32);
             }
         }
         RopeTable {
-            style: c.rope_style,
+            style: c.family.rope_style,
             half,
             cos,
             sin,
         }
     }
-
     /// Rotates every head of every row of `x` (`rows x heads*hd`).
     fn apply(&self, x: &mut [f32], heads: usize, hd: usize) {
         let half = self.half;

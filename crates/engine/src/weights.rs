@@ -4,7 +4,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::kernels::{self, Isa, QMatrix};
+use crate::kernels::{self, Bytes, Isa, QMatrix};
+use candle_core::quantized::GgmlDType;
 
 /// A 2-D weight (`rows` outputs by `cols` inputs; a 1-D tensor is one row), viewed in the mapped
 /// file.
@@ -33,13 +34,27 @@ pub fn matrix(file: &GgufFile, name: &str) -> Result<QMatrix> {
     })
 }
 
-/// A weight of `rows x cols` for the products, with the packed copy the kernels of `isa` compute
-/// with where they have one.
-pub fn packed_matrix(
+/// How the weight matrices of the products are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// As the file stores them (quantized, packed for the kernels in use), activations quantized
+    /// to 8 bits per block for each product: the fast path every use of pld takes.
+    #[default]
+    Stored,
+    /// Dequantized to f32 at load, products in f32 without quantizing activations: 4 bytes a
+    /// weight and slow, for checking an architecture's arithmetic against a float reference
+    /// without the noise of 8-bit activations.
+    F32,
+}
+
+/// A weight of `rows x cols` for the products, held at `precision` (with the packed copy the
+/// kernels of `isa` compute with where they have one).
+pub fn product_matrix(
     file: &GgufFile,
     name: &str,
     rows: usize,
     cols: usize,
+    precision: Precision,
     isa: Isa,
 ) -> Result<QMatrix> {
     let m = matrix(file, name)?;
@@ -49,7 +64,23 @@ pub fn packed_matrix(
             m.rows, m.cols
         )));
     }
-    Ok(m.packed_for(isa))
+    Ok(for_products(m, precision, isa))
+}
+
+/// A matrix made ready for the products at `precision`.
+pub fn for_products(m: QMatrix, precision: Precision, isa: Isa) -> QMatrix {
+    match precision {
+        Precision::Stored => m.packed_for(isa),
+        Precision::F32 => {
+            let bytes: Vec<u8> = m
+                .dequantize()
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect();
+            QMatrix::new(GgmlDType::F32, m.rows, m.cols, Bytes::owned(&bytes))
+                .expect("f32 bytes of the matrix's own shape")
+        }
+    }
 }
 
 /// A 1-D tensor (norm weights, biases) as f32 values.

@@ -20,7 +20,18 @@ pub struct KvHead<'a> {
     pub len: usize,
 }
 
-impl KvHead<'_> {
+impl<'a> KvHead<'a> {
+    /// The same head without its first `n` positions: position `n + t` becomes `t`.
+    pub fn skip(self, n: usize) -> KvHead<'a> {
+        assert!(n < self.len, "skipping every position");
+        KvHead {
+            keys: &self.keys[n..],
+            values: &self.values[n * self.value_stride..],
+            len: self.len - n,
+            ..self
+        }
+    }
+
     /// Panics unless every key and value of the `len` positions lies inside the slices.
     fn check(&self) {
         let Self { hd, len, .. } = *self;

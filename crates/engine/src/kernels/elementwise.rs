@@ -1,5 +1,5 @@
-//! The small float loops of the decoder layer (dot product, RMSNorm, softmax, SwiGLU), each with its
-//! plain version.
+//! The small float loops of the decoder layer (dot product, RMSNorm, softmax, SwiGLU, GeGLU), each
+//! with its plain version.
 
 #[cfg(target_arch = "x86_64")]
 use super::{isa::has_avx2, x86};
@@ -91,5 +91,17 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate = gelu(gate) * up` with GELU's tanh approximation, the GeGLU activation (Gemma). One
+/// plain loop: the tanh is a small part of a pass next to the products around it.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
     }
 }

@@ -213,6 +213,32 @@ impl QMatrix {
         self
     }
 
+    /// Rows `first..first + count` as a matrix of their own (the parts of a fused tensor), before
+    /// packing: a window into the same mapped bytes where it stays aligned, else a copy.
+    pub fn row_range(&self, first: usize, count: usize) -> Result<QMatrix, String> {
+        if first + count > self.rows {
+            return Err(format!(
+                "rows {first}..{} of a matrix of {}",
+                first + count,
+                self.rows
+            ));
+        }
+        let row_bytes = self.cols / self.dtype.block_size() * self.dtype.type_size();
+        let (start, len) = (first * row_bytes, count * row_bytes);
+        let window = &self.bytes.as_slice()[start..start + len];
+        let bytes = match &self.bytes {
+            Bytes::Mapped { map, start: s, .. } if (window.as_ptr() as usize).is_multiple_of(4) => {
+                Bytes::Mapped {
+                    map: map.clone(),
+                    start: s + start,
+                    len,
+                }
+            }
+            _ => Bytes::owned(window),
+        };
+        QMatrix::new(self.dtype, count, self.cols, bytes)
+    }
+
     /// Writes row `r` as f32 values into `out` (`out.len() == cols`): used for embedding lookup.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows && out.len() == self.cols);

@@ -48,7 +48,7 @@ mod x86;
 pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead, TreeMask};
 pub use bandwidth::read_bandwidth;
 pub use elementwise::{
-    axpy_scalar, dot, dot_scalar, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,
+    axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,
 };
 pub use isa::{isa, Isa};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};

@@ -1,0 +1,348 @@
+//! The model config: every way the supported architectures differ, as fields read from GGUF
+//! metadata (with each family's published defaults where its files leave a value out), so that one
+//! generic decoder (`model`) runs them all.
+//!
+//! To add an architecture: add it to [`Architecture`] and [`Architecture::from_name`], describe its
+//! conventions in [`Family::of`] (RoPE layout, norms, activation, which layers see a window, fused
+//! tensors), and read any new metadata in [`Config::from_gguf`]. A difference the decoder cannot yet
+//! express becomes a new field here and one branch in `model`, never a second decoder.
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::weights;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM, Mistral (which GGUF files call `llama`).
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+    Phi3,
+}
+
+/// The `general.architecture` names pld runs, for error messages.
+pub const SUPPORTED_ARCHITECTURES: &str =
+    "llama (Llama 2/3, SmolLM2, Mistral), qwen2, qwen3, gemma3, phi3";
+
+impl Architecture {
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            "gemma3" => Architecture::Gemma3,
+            "phi3" => Architecture::Phi3,
+            _ => return None,
+        })
+    }
+}
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama GGUFs, whose q/k weights were permuted for it.
+    Interleaved,
+    /// Halves (i, i + d/2): qwen2, qwen3, gemma3, phi3 (GPT-NeoX style).
+    Halves,
+}
+
+/// The gate's activation in the feed-forward block `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): llama, qwen, phi3.
+    Silu,
+    /// GELU with the tanh approximation (GeGLU): gemma.
+    GeluTanh,
+}
+
+/// Gemma 3's RoPE base on its sliding-window layers; the GGUF metadata gives only the global
+/// layers' base (`rope.freq_base`).
+pub const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3 makes every 6th layer global (full attention) and the others sliding-window, a pattern
+/// its GGUF metadata does not record.
+pub const GEMMA3_GLOBAL_EVERY: usize = 6;
+
+/// The conventions of one family that its GGUF files do not spell out.
+#[derive(Clone, Copy, Debug)]
+pub struct Family {
+    pub rope_style: RopeStyle,
+    pub activation: Activation,
+    /// Per-head RMSNorm of queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// Each block's output normalized again before the residual add (`post_attention_norm`,
+    /// `post_ffw_norm`).
+    pub post_norms: bool,
+    /// Embeddings multiplied by sqrt(width).
+    pub scale_embeddings: bool,
+    /// One `attn_qkv` tensor instead of q, k, v, and `ffn_up` holding gate then up.
+    pub fused: bool,
+    /// With a sliding window: every n-th layer is global (`None`: the window applies to all).
+    pub global_every: Option<usize>,
+    /// With a sliding window: the base of the windowed layers' RoPE, when it differs.
+    pub local_rope_base: Option<f32>,
+}
+
+impl Family {
+    pub fn of(arch: Architecture) -> Self {
+        let base = Family {
+            rope_style: RopeStyle::Halves,
+            activation: Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            scale_embeddings: false,
+            fused: false,
+            global_every: None,
+            local_rope_base: None,
+        };
+        match arch {
+            Architecture::Llama => Family {
+                rope_style: RopeStyle::Interleaved,
+                ..base
+            },
+            Architecture::Qwen2 => base,
+            Architecture::Qwen3 => Family {
+                qk_norm: true,
+                ..base
+            },
+            Architecture::Gemma3 => Family {
+                activation: Activation::GeluTanh,
+                qk_norm: true,
+                post_norms: true,
+                scale_embeddings: true,
+                global_every: Some(GEMMA3_GLOBAL_EVERY),
+                local_rope_base: Some(GEMMA3_LOCAL_ROPE_BASE),
+                ..base
+            },
+            Architecture::Phi3 => Family {
+                fused: true,
+                ..base
+            },
+        }
+    }
+}
+
+/// Rotary embeddings of one kind of layer: the angle of pair `i` at position `p` is
+/// `p * position_scale * base^(-2i / dims) / factors[i]`, and cos and sin are multiplied by
+/// `attn_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub base: f32,
+    /// Per-pair frequency divisors: Llama 3's `rope_freqs`, Phi-3's `rope_factors_short/long`.
+    pub factors: Option<Vec<f32>>,
+    /// 1 / the linear scaling factor (`rope.scaling.type = linear`).
+    pub position_scale: f32,
+    /// Phi-3 LongRoPE's magnitude correction (`rope.scaling.attn_factor`).
+    pub attn_factor: f32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: Architecture,
+    pub family: Family,
+    pub n_layer: usize,
+    pub d_model: usize,
+    pub d_ff: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    /// RoPE of the global (full-attention) layers, and of every layer without a window.
+    pub rope: Rope,
+    /// RoPE of the sliding-window layers where it differs (Gemma 3).
+    pub rope_local: Option<Rope>,
+    pub rms_eps: f32,
+    /// Scale of attention scores: 1 / sqrt(head size), the size from `attention.key_length`.
+    pub attn_scale: f32,
+    /// Positions a windowed layer's query sees, itself included (`attention.sliding_window`):
+    /// position `i` sees `j` when `i - j < window`.
+    pub sliding_window: Option<usize>,
+    pub vocab_size: usize,
+    pub context_len: usize,
+}
+
+impl Config {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let arch_name = file.get_str("general.architecture")?;
+        let arch = Architecture::from_name(arch_name)
+            .ok_or_else(|| EngineError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let family = Family::of(arch);
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let n_layer = file.get_u64(&key("block_count"))? as usize;
+        let d_model = file.get_u64(&key("embedding_length"))? as usize;
+        let d_ff = file.get_u64(&key("feed_forward_length"))? as usize;
+        let n_head = file.get_u64(&key("attention.head_count"))? as usize;
+        let n_kv_head = file
+            .get_u64_opt(&key("attention.head_count_kv"))
+            .unwrap_or(n_head as u64) as usize;
+        if n_head == 0 || n_kv_head == 0 || !n_head.is_multiple_of(n_kv_head) {
+            return Err(EngineError::BadMetadata(format!(
+                "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads"
+            )));
+        }
+        let head_dim = match file.get_u64_opt(&key("attention.key_length")) {
+            Some(k) => k as usize,
+            None if d_model.is_multiple_of(n_head) => d_model / n_head,
+            None => {
+                return Err(EngineError::BadMetadata(format!(
+                    "'{}' is missing and width {d_model} is not a multiple of {n_head} heads",
+                    key("attention.key_length")
+                )))
+            }
+        };
+        if let Some(v) = file.get_u64_opt(&key("attention.value_length")) {
+            if v as usize != head_dim {
+                return Err(EngineError::BadMetadata(format!(
+                    "value head size {v} differs from key head size {head_dim}"
+                )));
+            }
+        }
+        let rope_dims = file
+            .get_u64_opt(&key("rope.dimension_count"))
+            .unwrap_or(head_dim as u64) as usize;
+        if head_dim == 0 || rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
+            return Err(EngineError::BadMetadata(format!(
+                "rope dimension count {rope_dims} does not fit head size {head_dim}"
+            )));
+        }
+        let rms_eps = file
+            .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5);
+        let context_len = file.get_u64_opt(&key("context_length")).unwrap_or(2048) as usize;
+        let sliding_window = file
+            .get_u64_opt(&key("attention.sliding_window"))
+            .filter(|&w| w > 0)
+            .map(|w| w as usize);
+        if family.global_every.is_some() && sliding_window.is_none() {
+            return Err(EngineError::BadMetadata(format!(
+                "'{}' is missing ({arch_name} alternates sliding-window and global layers)",
+                key("attention.sliding_window")
+            )));
+        }
+
+        let rope = Rope {
+            base: file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0),
+            factors: rope_factors(file, arch_name, rope_dims, context_len)?,
+            position_scale: match file.get_str_opt(&key("rope.scaling.type")) {
+                Some("linear") => {
+                    let f = file
+                        .get_f32_opt(&key("rope.scaling.factor"))
+                        .ok_or_else(|| {
+                            EngineError::BadMetadata(format!(
+                                "'{}' is missing for linear rope scaling",
+                                key("rope.scaling.factor")
+                            ))
+                        })?;
+                    if f.is_finite() && f > 0.0 {
+                        1.0 / f
+                    } else {
+                        1.0
+                    }
+                }
+                _ => 1.0,
+            },
+            attn_factor: file
+                .get_f32_opt(&key("rope.scaling.attn_factor"))
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .unwrap_or(1.0),
+        };
+        // The windowed layers' own base: from the file where it says (`rope.freq_base_swa`),
+        // else the family's default.
+        let local_base = file
+            .get_f32_opt(&key("rope.freq_base_swa"))
+            .or(family.local_rope_base);
+        let rope_local = local_base
+            .filter(|_| sliding_window.is_some())
+            .map(|base| Rope {
+                base,
+                factors: None,
+                position_scale: 1.0,
+                attn_factor: 1.0,
+            });
+
+        let embd = weights::matrix(file, "token_embd.weight")?;
+        if embd.cols != d_model {
+            return Err(EngineError::BadMetadata(format!(
+                "token_embd width {} differs from embedding_length {d_model}",
+                embd.cols
+            )));
+        }
+        Ok(Config {
+            arch,
+            family,
+            n_layer,
+            d_model,
+            d_ff,
+            n_head,
+            n_kv_head,
+            head_dim,
+            rope_dims,
+            rope,
+            rope_local,
+            rms_eps,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            sliding_window,
+            vocab_size: embd.rows,
+            context_len,
+        })
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+
+    /// Whether layer `layer` attends through the sliding window.
+    pub fn is_windowed(&self, layer: usize) -> bool {
+        self.sliding_window.is_some()
+            && self
+                .family
+                .global_every
+                .is_none_or(|n| !(layer + 1).is_multiple_of(n))
+    }
+
+    /// The RoPE of layer `layer`.
+    pub fn rope_of(&self, layer: usize) -> &Rope {
+        match &self.rope_local {
+            Some(local) if self.is_windowed(layer) => local,
+            _ => &self.rope,
+        }
+    }
+}
+
+/// The per-pair frequency divisors, where the file has them: Llama 3's `rope_freqs`, or Phi-3's
+/// LongRoPE pair (the long factors when the model's context exceeds the original one it was
+/// trained at, as llama.cpp chooses them; the short ones otherwise).
+fn rope_factors(
+    file: &GgufFile,
+    arch_name: &str,
+    rope_dims: usize,
+    context_len: usize,
+) -> Result<Option<Vec<f32>>> {
+    let pairs = rope_dims / 2;
+    let name = if file.has_tensor("rope_freqs.weight") {
+        "rope_freqs.weight"
+    } else if file.has_tensor("rope_factors_short.weight") {
+        let original = file
+            .get_u64_opt(&format!("{arch_name}.rope.scaling.original_context_length"))
+            .map_or(context_len, |v| v as usize);
+        if context_len > original && file.has_tensor("rope_factors_long.weight") {
+            "rope_factors_long.weight"
+        } else {
+            "rope_factors_short.weight"
+        }
+    } else {
+        return Ok(None);
+    };
+    let factors = weights::vector(file, name, pairs)?;
+    if factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+        return Err(EngineError::BadMetadata(format!(
+            "'{name}' holds a factor that is not a positive number"
+        )));
+    }
+    Ok(Some(factors))
+}
