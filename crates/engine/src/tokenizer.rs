@@ -1,12 +1,20 @@
 //! The tokenizer of a GGUF model, built from its `tokenizer.ggml.*` metadata with the `tokenizers`
-//! crate's pieces (byte-level BPE, the pre-tokenizer named by `tokenizer.ggml.pre`, added special
-//! tokens), plus a byte table per token for exact, streamable decoding.
+//! crate's pieces, plus a byte table per token for exact, streamable decoding. Two kinds:
+//! - `gpt2`: byte-level BPE with merges, and the pre-tokenizer named by `tokenizer.ggml.pre`
+//!   (Qwen, SmolLM, Llama 3);
+//! - `llama`: SentencePiece-style BPE (Gemma, Llama 2, Mistral's first models): pieces with scores
+//!   and no merges, spaces written `▁`, bytes outside the pieces as `<0xXX>` tokens. SentencePiece
+//!   merges the adjacent pair whose joined piece scores highest; the `tokenizers` BPE model does the
+//!   same given the merges of every piece ranked by that piece's score.
+//!
+//! Control and user-defined tokens are added tokens, matched in the text before the model runs.
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -19,8 +27,13 @@ const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF token types.
+const TOKEN_NORMAL: i32 = 1;
 const TOKEN_CONTROL: i32 = 3;
 const TOKEN_USER_DEFINED: i32 = 4;
+const TOKEN_BYTE: i32 = 6;
+
+/// SentencePiece's visible space.
+const SPM_SPACE: char = '\u{2581}';
 
 /// Texts of the control tokens that end a turn in the chat formats we know.
 const END_OF_TURN_TEXTS: [&str; 6] = [
@@ -81,13 +94,7 @@ fn byte_level_decoding_table() -> std::collections::HashMap<char, u8> {
 impl Tokenizer {
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let model = file.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(err(format!(
-                "tokenizer model '{model}' is not supported (only byte-level BPE, 'gpt2')"
-            )));
-        }
         let tokens = strings(file.get_array("tokenizer.ggml.tokens")?, "tokens")?;
-        let merges = strings(file.get_array("tokenizer.ggml.merges")?, "merges")?;
         let types: Vec<i32> = match file.meta("tokenizer.ggml.token_type") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -104,60 +111,15 @@ impl Tokenizer {
                 "token_type and tokens differ in length".into(),
             ));
         }
-        let vocab: Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
-        let merges: Vec<(String, String)> = merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| err(format!("malformed merge '{m}'")))
-            })
-            .collect::<Result<_>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(err)?;
-
-        let pre = file.get_str_opt("tokenizer.ggml.pre").unwrap_or("default");
-        let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
-            Ok(Split::new(
-                SplitPattern::Regex(pattern.into()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(err)?
-            .into())
-        };
-        let pre_tokenizer: PreTokenizerWrapper = match pre {
-            "qwen2" => Sequence::new(vec![
-                split(QWEN2_PATTERN)?,
-                ByteLevel::new(false, false, false).into(),
-            ])
-            .into(),
-            "llama-bpe" | "llama3" => Sequence::new(vec![
-                split(LLAMA3_PATTERN)?,
-                ByteLevel::new(false, false, false).into(),
-            ])
-            .into(),
-            "smollm" => Sequence::new(vec![
-                Digits::new(true).into(),
-                ByteLevel::new(false, false, true).into(),
-            ])
-            .into(),
-            "gpt2" | "default" => ByteLevel::new(false, false, true).into(),
+        let (mut inner, token_bytes) = match model {
+            "gpt2" => byte_level_bpe(file, &tokens, &types)?,
+            "llama" => sentencepiece_bpe(file, &tokens, &types)?,
             other => {
                 return Err(err(format!(
-                    "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt2)"
+                    "tokenizer model '{other}' is not supported (supported: gpt2 = byte-level BPE, llama = SentencePiece BPE)"
                 )))
             }
         };
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
 
         let special: Vec<AddedToken> = tokens
             .iter()
@@ -167,21 +129,6 @@ impl Tokenizer {
             .collect();
         inner.add_special_tokens(&special);
 
-        let table = byte_level_decoding_table();
-        let token_bytes: Vec<Vec<u8>> = tokens
-            .iter()
-            .zip(&types)
-            .map(|(s, &t)| {
-                if t == TOKEN_CONTROL || t == TOKEN_USER_DEFINED {
-                    s.as_bytes().to_vec()
-                } else {
-                    s.chars()
-                        .map(|c| table.get(&c).copied())
-                        .collect::<Option<Vec<u8>>>()
-                        .unwrap_or_else(|| s.as_bytes().to_vec())
-                }
-            })
-            .collect();
         let is_control: Vec<bool> = types.iter().map(|&t| t == TOKEN_CONTROL).collect();
 
         let id = |key: &str| {
@@ -276,6 +223,187 @@ impl Tokenizer {
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.inner.token_to_id(text)
     }
+}
+
+/// Byte-level BPE (`tokenizer.ggml.model = gpt2`): the model with its merges and pre-tokenizer,
+/// and each token's bytes.
+fn byte_level_bpe(
+    file: &GgufFile,
+    tokens: &[String],
+    types: &[i32],
+) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
+    let merges = strings(file.get_array("tokenizer.ggml.merges")?, "merges")?;
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let merges: Vec<(String, String)> = merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| err(format!("malformed merge '{m}'")))
+        })
+        .collect::<Result<_>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(err)?;
+
+    let pre = file.get_str_opt("tokenizer.ggml.pre").unwrap_or("default");
+    let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
+        Ok(Split::new(
+            SplitPattern::Regex(pattern.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(err)?
+        .into())
+    };
+    let pre_tokenizer: PreTokenizerWrapper = match pre {
+        "qwen2" => Sequence::new(vec![
+            split(QWEN2_PATTERN)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into(),
+        "llama-bpe" | "llama3" => Sequence::new(vec![
+            split(LLAMA3_PATTERN)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into(),
+        "smollm" => Sequence::new(vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, false, true).into(),
+        ])
+        .into(),
+        "gpt2" | "default" => ByteLevel::new(false, false, true).into(),
+        other => return Err(err(format!(
+            "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt2)"
+        ))),
+    };
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+    let table = byte_level_decoding_table();
+    let token_bytes = tokens
+        .iter()
+        .zip(types)
+        .map(|(s, &t)| {
+            if t == TOKEN_CONTROL || t == TOKEN_USER_DEFINED {
+                s.as_bytes().to_vec()
+            } else {
+                s.chars()
+                    .map(|c| table.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or_else(|| s.as_bytes().to_vec())
+            }
+        })
+        .collect();
+    Ok((inner, token_bytes))
+}
+
+/// The byte a SentencePiece byte token such as `<0x0A>` stands for.
+fn spm_byte(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
+}
+
+/// SentencePiece-style BPE (`tokenizer.ggml.model = llama`): pieces with scores and no merges.
+/// The merges are derived: every way to split a normal piece into two pieces is a merge, ranked by
+/// the joined piece's score (higher first), so that the BPE model always joins the pair whose
+/// result scores highest, as SentencePiece does. Spaces become `▁` (with one in front of the text
+/// when `tokenizer.ggml.add_space_prefix` says so), and characters outside the pieces fall back to
+/// byte tokens.
+fn sentencepiece_bpe(
+    file: &GgufFile,
+    tokens: &[String],
+    types: &[i32],
+) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
+    let scores: Vec<f32> = match file.meta("tokenizer.ggml.scores") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::F32(x) => Ok(*x),
+                _ => Err(EngineError::BadMetadata(
+                    "tokenizer.ggml.scores holds a non-float".into(),
+                )),
+            })
+            .collect::<Result<_>>()?,
+        _ => {
+            return Err(EngineError::BadMetadata(
+                "missing key 'tokenizer.ggml.scores' (a SentencePiece vocabulary needs scores)"
+                    .into(),
+            ))
+        }
+    };
+    if scores.len() != tokens.len() {
+        return Err(EngineError::BadMetadata(
+            "tokenizer.ggml.scores and tokens differ in length".into(),
+        ));
+    }
+    let mut vocab: Vocab = Vocab::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        // The first of duplicate pieces wins, as in SentencePiece.
+        vocab.entry(t.clone()).or_insert(i as u32);
+    }
+    let mergeable = |id: u32| types[id as usize] == TOKEN_NORMAL;
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if types[id] != TOKEN_NORMAL || vocab.get(piece) != Some(&(id as u32)) {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&a), Some(&b)) = (vocab.get(l), vocab.get(r)) {
+                if mergeable(a) && mergeable(b) {
+                    ranked.push((scores[id], id as u32, a, b));
+                }
+            }
+        }
+    }
+    // Highest score first; ties by piece id, then by the split, so the order is fixed.
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    let merges: Vec<(String, String)> = ranked
+        .iter()
+        .map(|&(_, _, a, b)| (tokens[a as usize].clone(), tokens[b as usize].clone()))
+        .collect();
+    let byte_tokens = (0..=255u8).all(|b| vocab.contains_key(&format!("<0x{b:02X}>")));
+    let unk = file
+        .get_u64_opt("tokenizer.ggml.unknown_token_id")
+        .and_then(|i| tokens.get(i as usize).cloned());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(byte_tokens);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder.build().map_err(err)?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let space = Replace::new(" ", SPM_SPACE.to_string()).map_err(err)?;
+    if file
+        .get_bool_opt("tokenizer.ggml.add_space_prefix")
+        .unwrap_or(true)
+    {
+        inner.with_normalizer(Some(NormalizerSequence::new(vec![
+            Prepend::new(SPM_SPACE.to_string()).into(),
+            space.into(),
+        ])));
+    } else {
+        inner.with_normalizer(Some(space));
+    }
+
+    let token_bytes = tokens
+        .iter()
+        .zip(types)
+        .map(|(s, &t)| match t {
+            TOKEN_BYTE => spm_byte(s).map_or_else(|| s.as_bytes().to_vec(), |b| vec![b]),
+            TOKEN_CONTROL | TOKEN_USER_DEFINED => s.as_bytes().to_vec(),
+            _ => s.replace(SPM_SPACE, " ").into_bytes(),
+        })
+        .collect();
+    Ok((inner, token_bytes))
 }
 
 /// Turns token bytes into text as they arrive, holding back a character whose bytes are split
