@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Download a known model (by alias) into $PLD_MODELS and print its path.
     Fetch {
-        /// One of: smollm2-135m, qwen-coder-0.5b, qwen-coder-1.5b.
+        /// One of: smollm2-135m, qwen-coder-0.5b, qwen-coder-1.5b, gemma3-270m.
         alias: String,
     },
     /// Generate text from a prompt.

