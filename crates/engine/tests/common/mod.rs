@@ -19,6 +19,9 @@ pub struct Fixture {
 pub struct TokenizerCase {
     pub text: String,
     pub ids: Vec<u32>,
+    /// The default encoding (BOS in front where the model adds one); gemma3's fixture only.
+    #[serde(default)]
+    pub ids_with_special_tokens: Option<Vec<u32>>,
 }
 
 #[derive(Deserialize)]
@@ -31,7 +34,8 @@ pub struct ChatCase {
 #[derive(Deserialize)]
 pub struct GenerationCase {
     pub name: String,
-    pub messages: Vec<engine::Message>,
+    /// The conversation rendered into `prompt_text`; none for a base model's plain-text prompts.
+    pub messages: Option<Vec<engine::Message>>,
     pub prompt_text: String,
     pub prompt_ids: Vec<u32>,
     pub greedy_ids: Vec<u32>,
@@ -60,15 +64,25 @@ pub fn fixture(file: &str) -> Fixture {
 
 /// Loads a model by alias once per test binary (fetching it if missing).
 pub fn model(alias: &str) -> Arc<LoadedModel> {
+    model_at(alias, engine::weights::Precision::Stored)
+}
+
+/// `model` with its weights dequantized to f32 (exact products: checks the arithmetic alone).
+pub fn model_f32(alias: &str) -> Arc<LoadedModel> {
+    model_at(alias, engine::weights::Precision::F32)
+}
+
+fn model_at(alias: &str, precision: engine::weights::Precision) -> Arc<LoadedModel> {
     type Cache = Mutex<Vec<(String, Arc<LoadedModel>)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
     let mut guard = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, m)) = guard.iter().find(|(a, _)| a == alias) {
+    let key = format!("{alias} {precision:?}");
+    if let Some((_, m)) = guard.iter().find(|(a, _)| *a == key) {
         return m.clone();
     }
     let path = models::resolve_model(alias).expect("model available");
-    let m = Arc::new(LoadedModel::load(&path).expect("model loads"));
-    guard.push((alias.to_string(), m.clone()));
+    let m = Arc::new(LoadedModel::load_with(&path, precision).expect("model loads"));
+    guard.push((key, m.clone()));
     m
 }

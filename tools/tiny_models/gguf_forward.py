@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""An independent float64 numpy forward pass that reads ONLY a GGUF file, with llama.cpp's
+semantics (the ones the engine implements), used to cross-check the tiny models.
+
+make.py validates its GGUF files by undoing its own layout mapping, which cannot catch a mapping
+that is self-consistent but wrong (say, the q/k permutation applied the wrong way round). This
+file instead computes the logits the way a GGUF consumer does:
+
+  * `llama` arch: RoPE on adjacent pairs (x[2i], x[2i+1]) -- valid because the converter
+    permuted q/k rows; `qwen3`, `gemma3`, `phi3`: NeoX RoPE on halves (x[i], x[i + d/2]);
+  * inv_freq_i = base^(-2i/d) / factor_i with factor_i from `rope_freqs.weight` (Llama 3) or
+    `rope_factors_short.weight` (Phi-3, context <= original context), cos/sin times
+    `rope.scaling.attn_factor`;
+  * sliding window: position i sees j iff 0 <= i - j < W, on every layer (llama arch with the key)
+    or, for gemma3, on every layer except each 6th (layer l is global iff (l + 1) % 6 == 0),
+    whose RoPE base is 10000 while global layers use `rope.freq_base`;
+  * gemma3: embeddings times sqrt(d_model), stored norm weights used as is (they hold 1 + w),
+    post-attention and post-ffn norms, GELU (tanh) gate; tied output = token_embd;
+  * phi3: `attn_qkv` rows [q; k; v], `ffn_up` rows [gate; up].
+
+Run standalone to check every reference in crates/engine/tests/tiny:
+  /work/pyenv/venv/bin/python tools/tiny_models/gguf_forward.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+
+class GgufModel:
+    def __init__(self, path: Path):
+        r = gguf.GGUFReader(str(path))
+        self.arch = r.fields["general.architecture"].contents()
+        meta = lambda k, d=None: r.fields[f"{self.arch}.{k}"].contents() if f"{self.arch}.{k}" in r.fields else d
+        self.n_layer = meta("block_count")
+        self.d = meta("embedding_length")
+        self.n_head = meta("attention.head_count")
+        self.n_kv = meta("attention.head_count_kv")
+        self.hd = meta("attention.key_length")
+        self.eps = meta("attention.layer_norm_rms_epsilon")
+        self.base = meta("rope.freq_base")
+        self.window = meta("attention.sliding_window")
+        self.attn_factor = meta("rope.scaling.attn_factor", 1.0)
+        self.t = {}
+        for t in r.tensors:
+            shape = tuple(int(x) for x in reversed(t.shape))
+            if t.tensor_type == QT.F32:
+                v = np.array(t.data, dtype=np.float32)
+            elif t.tensor_type == QT.F16:
+                v = np.array(t.data, dtype=np.float16).astype(np.float32)
+            else:
+                v = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
+            self.t[t.name] = v.reshape(shape).astype(np.float64)
+        pairs = self.hd // 2
+        factors = self.t.get("rope_freqs.weight", self.t.get("rope_factors_short.weight", np.ones(pairs)))
+        exps = np.arange(0, self.hd, 2, dtype=np.float64) / self.hd
+        self.inv_freq = 1.0 / (self.base ** exps) / factors
+        self.inv_freq_local = 1.0 / (10000.0 ** exps)  # gemma3 sliding layers
+
+    def windowed(self, layer: int) -> bool:
+        if not self.window:
+            return False
+        return self.arch != "gemma3" or (layer + 1) % 6 != 0
+
+    def norm(self, x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, inv_freq):
+        """x: [T, heads, hd]."""
+        T = x.shape[0]
+        ang = np.arange(T, dtype=np.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+        cos = (np.cos(ang) * self.attn_factor)[:, None, :]
+        sin = (np.sin(ang) * self.attn_factor)[:, None, :]
+        out = np.empty_like(x)
+        if self.arch == "llama":  # adjacent pairs
+            a, b = x[..., 0::2], x[..., 1::2]
+            out[..., 0::2] = a * cos - b * sin
+            out[..., 1::2] = a * sin + b * cos
+        else:  # NeoX halves
+            h = self.hd // 2
+            a, b = x[..., :h], x[..., h:]
+            out[..., :h] = a * cos - b * sin
+            out[..., h:] = a * sin + b * cos
+        return out
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        t, T, hd = self.t, len(ids), self.hd
+        x = t["token_embd.weight"][ids]
+        if self.arch == "gemma3":
+            x = x * math.sqrt(self.d)
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            h = self.norm(x, t[p + "attn_norm.weight"])
+            if self.arch == "phi3":
+                qkv = h @ t[p + "attn_qkv.weight"].T
+                q, k, v = np.split(qkv, [self.n_head * hd, (self.n_head + self.n_kv) * hd], axis=-1)
+            else:
+                q, k, v = (h @ t[p + f"attn_{n}.weight"].T for n in "qkv")
+            q = q.reshape(T, self.n_head, hd)
+            k = k.reshape(T, self.n_kv, hd)
+            v = v.reshape(T, self.n_kv, hd)
+            if p + "attn_q_norm.weight" in t:
+                q = self.norm(q, t[p + "attn_q_norm.weight"])
+                k = self.norm(k, t[p + "attn_k_norm.weight"])
+            windowed = self.windowed(l)
+            inv = self.inv_freq_local if (self.arch == "gemma3" and windowed) else self.inv_freq
+            q, k = self.rope(q, inv), self.rope(k, inv)
+            i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+            allowed = (j <= i) & ((i - j < self.window) if windowed else True)
+            group = self.n_head // self.n_kv
+            heads = []
+            for hh in range(self.n_head):
+                s = q[:, hh] @ k[:, hh // group].T / math.sqrt(hd)
+                s = np.where(allowed, s, -np.inf)
+                s = np.exp(s - s.max(-1, keepdims=True))
+                heads.append((s / s.sum(-1, keepdims=True)) @ v[:, hh // group])
+            o = np.concatenate(heads, axis=-1) @ t[p + "attn_output.weight"].T
+            if self.arch == "gemma3":
+                o = self.norm(o, t[p + "post_attention_norm.weight"])
+            x = x + o
+            h = self.norm(x, t[p + "ffn_norm.weight"])
+            if self.arch == "phi3":
+                gate, up = np.split(h @ t[p + "ffn_up.weight"].T, 2, axis=-1)
+            else:
+                gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
+            if self.arch == "gemma3":  # gelu, tanh approximation
+                act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+            else:  # silu
+                act = gate / (1 + np.exp(-gate))
+            f = (act * up) @ t[p + "ffn_down.weight"].T
+            if self.arch == "gemma3":
+                f = self.norm(f, t[p + "post_ffw_norm.weight"])
+            x = x + f
+        x = self.norm(x, t["output_norm.weight"])
+        return x @ t.get("output.weight", t["token_embd.weight"]).T
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def check_reference(json_path: Path, tol: float = 2e-4) -> float:
+    """Asserts that the numpy forward pass over the GGUF matches the JSON's top-8 log-probs
+    within `tol` and reproduces its greedy continuations. Returns the largest difference."""
+    ref = json.loads(json_path.read_text())
+    m = GgufModel(json_path.parent / ref["gguf"])
+    worst = 0.0
+    for case in ref["cases"]:
+        lp = log_softmax(m.logits(case["ids"]))
+        for pos, row in enumerate(case["top"]):
+            assert int(np.argmax(lp[pos])) == row[0][0], (ref["name"], pos)
+            for i, v in row:
+                worst = max(worst, abs(lp[pos, i] - v))
+        seq = list(case["ids"])
+        for _ in case["greedy"]:
+            seq.append(int(np.argmax(m.logits(seq)[-1])))
+        assert seq[len(case["ids"]):] == case["greedy"], (ref["name"], seq[len(case["ids"]):], case["greedy"])
+    assert worst <= tol, (ref["name"], worst)
+    return worst
+
+
+def main() -> None:
+    d = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "crates/engine/tests/tiny"
+    for p in sorted(d.glob("*.json")):
+        print(f"{p.name}: numpy GGUF forward matches the reference, max |dlogp| {check_reference(p):.2e}, greedy equal")
+
+
+if __name__ == "__main__":
+    main()
