@@ -114,7 +114,15 @@ fn run_one(
     messages: &[Message],
     config: GenerationConfig,
 ) -> anyhow::Result<GenerationOutput> {
-    let prompt = lm.render_chat(messages)?;
+    // A base model (no chat template) gets the turns as plain text, one paragraph each.
+    let prompt = match lm.chat_template {
+        Some(_) => lm.render_chat(messages)?,
+        None => messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+    };
     let ctx = lm.model.config.context_len;
     Ok(lm.generate_text(&prompt, config, ctx, |_| {})?)
 }
