@@ -40,3 +40,34 @@ pub fn machine_description() -> String {
         .unwrap_or(1);
     format!("{cpu}, {cores} cores, kernels {:?}", engine::kernels::isa())
 }
+
+/// `--json-schema FILE` / `--json-object`: structured output for `generate` and `bench run`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct FormatArgs {
+    /// Constrain the output to JSON valid against the JSON Schema in this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Constrain the output to a JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+}
+
+impl FormatArgs {
+    /// The output format asked for (free text when neither flag is given).
+    pub fn response_format(&self) -> anyhow::Result<engine::ResponseFormat> {
+        if let Some(path) = &self.json_schema {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read --json-schema {}: {e}", path.display())
+            })?;
+            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                anyhow::anyhow!("--json-schema {} is not JSON: {e}", path.display())
+            })?;
+            return Ok(engine::ResponseFormat::JsonSchema { schema });
+        }
+        Ok(if self.json_object {
+            engine::ResponseFormat::JsonObject
+        } else {
+            engine::ResponseFormat::Text
+        })
+    }
+}

@@ -2,6 +2,7 @@
 //! plain and speculative greedy decoding side by side.
 
 use crate::bench::results::SpeculationReport;
+use crate::common::FormatArgs;
 use crate::spec::SpecArgs;
 use clap::Args;
 use drafting::SpecConfig;
@@ -62,12 +63,14 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub compare: bool,
     #[command(flatten)]
+    pub format: FormatArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
 }
 
 impl GenerateArgs {
-    pub fn config(&self, speculation: SpecConfig) -> GenerationConfig {
-        GenerationConfig {
+    pub fn config(&self, speculation: SpecConfig) -> anyhow::Result<GenerationConfig> {
+        Ok(GenerationConfig {
             max_new_tokens: self.max_tokens,
             sampling: SamplingParams {
                 do_sample: self.temperature > 0.0,
@@ -80,8 +83,9 @@ impl GenerateArgs {
             seed: self.seed,
             speculation,
             stop: self.stop.clone(),
+            response_format: self.format.response_format()?,
             ..Default::default()
-        }
+        })
     }
 
     fn prompt_text(&self, lm: &LoadedModel) -> anyhow::Result<String> {
@@ -173,7 +177,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.compare {
         return compare(&args, &lm, &prompt, ctx, spec, threads);
     }
-    let config = args.config(spec);
+    let config = args.config(spec)?;
     let stdout = std::io::stdout();
     let out = lm.generate_text(&prompt, config, ctx, |t| {
         if !args.json {
@@ -210,11 +214,11 @@ fn compare(
     }
     let plain_spec = SpecConfig::off();
     // A short warm-up so the first timed run does not pay for page faults.
-    let mut warm = args.config(plain_spec);
+    let mut warm = args.config(plain_spec)?;
     warm.max_new_tokens = 4;
     lm.generate_text(prompt, warm, ctx, |_| {})?;
-    let baseline = lm.generate_text(prompt, args.config(plain_spec), ctx, |_| {})?;
-    let speculative = lm.generate_text(prompt, args.config(spec), ctx, |_| {})?;
+    let baseline = lm.generate_text(prompt, args.config(plain_spec)?, ctx, |_| {})?;
+    let speculative = lm.generate_text(prompt, args.config(spec)?, ctx, |_| {})?;
     let identical = baseline.token_ids == speculative.token_ids;
     let speedup =
         baseline.decode_time.as_secs_f64() / speculative.decode_time.as_secs_f64().max(1e-9);

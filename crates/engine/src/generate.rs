@@ -4,6 +4,7 @@
 //! one; the server drives the same `step` over many.
 
 use crate::error::{EngineError, Result};
+use crate::grammar::{Constraint, ResponseFormat};
 use crate::kv_cache::KvCache;
 use crate::model::{BatchItem, Model, TREE_ROOT};
 use crate::sampling::SamplingParams;
@@ -34,6 +35,9 @@ pub struct GenerationConfig {
     /// the other sampling settings), with this many of the most likely alternatives; `None`
     /// records nothing.
     pub logprobs: Option<usize>,
+    /// What the output must be (free text, any JSON object, JSON matching a schema).
+    #[serde(default, skip_serializing_if = "ResponseFormat::is_text")]
+    pub response_format: ResponseFormat,
 }
 
 impl Default for GenerationConfig {
@@ -45,6 +49,7 @@ impl Default for GenerationConfig {
             speculation: SpecConfig::default(),
             stop: Vec::new(),
             logprobs: None,
+            response_format: ResponseFormat::Text,
         }
     }
 }
@@ -185,6 +190,8 @@ pub struct Sequence {
     pub stats: SpecStats,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// The grammar of `config.response_format`, compiled when the prompt is in.
+    constraint: Option<Constraint>,
 }
 
 impl Sequence {
@@ -217,7 +224,16 @@ impl Sequence {
             )));
         }
         let drafter = if config.speculation.enabled() {
-            let d = Drafter::new(&config.speculation, &prompt)
+            // Under a grammar drafts are chains: each is cut at its first forbidden token.
+            let spec = if config.response_format.is_text() {
+                config.speculation
+            } else {
+                SpecConfig {
+                    method: drafting::SpecMethod::Ngram,
+                    ..config.speculation
+                }
+            };
+            let d = Drafter::new(&spec, &prompt)
                 .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
             Some(d)
         } else {
@@ -245,7 +261,27 @@ impl Sequence {
             stats: SpecStats::default(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            constraint: None,
         })
+    }
+
+    /// Compiles the sequence's grammar when it has one and has not yet (when its prompt is in).
+    /// A grammar that does not compile ends the sequence; callers check formats beforehand
+    /// (`Tokenizer::grammar`), so this only guards against the unexpected.
+    fn ensure_constraint(&mut self, tok: &Tokenizer, vocab: usize) {
+        if self.constraint.is_some() || self.config.response_format.is_text() {
+            return;
+        }
+        match tok
+            .grammar(vocab)
+            .and_then(|g| g.compile(&self.config.response_format))
+        {
+            Ok(c) => self.constraint = c,
+            Err(e) => {
+                tracing::error!("ending a sequence whose grammar does not compile: {e}");
+                self.phase = Phase::Finished(FinishReason::Stop);
+            }
+        }
     }
 
     pub fn is_finished(&self) -> bool {
@@ -366,6 +402,9 @@ impl Sequence {
         if let Some(d) = self.drafter.as_mut() {
             d.push(token);
         }
+        if let Some(c) = self.constraint.as_mut() {
+            c.consume(&[token]);
+        }
         let generated = self.tokens.len() - self.prompt_len;
         if tok.is_end(token) {
             self.text.push_str(&self.stream.finish());
@@ -452,7 +491,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 let left = seq.config.max_new_tokens - generated - 1;
                 let limit = seq.draft_limit.min(room).min(left);
                 let price = seq.draft_cost;
-                let tree = match seq.drafter.as_mut().filter(|_| limit > 0) {
+                let mut tree = match seq.drafter.as_mut().filter(|_| limit > 0) {
                     Some(d) => {
                         let t0 = Instant::now();
                         let tree = d.propose(limit, price).clone();
@@ -461,6 +500,25 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     }
                     None => DraftTree::new(),
                 };
+                if let Some(c) = seq.constraint.as_mut() {
+                    // A chain (the drafter proposes chains under a grammar), cut before its first
+                    // token the grammar forbids and before any end token.
+                    let chain = tree.tokens();
+                    let free = chain
+                        .iter()
+                        .position(|&t| tok.is_end(t))
+                        .unwrap_or(chain.len());
+                    let keep = c.valid_prefix(&chain[..free]);
+                    if keep < tree.len() {
+                        let sources = tree.sources()[..keep].to_vec();
+                        let kept = chain[..keep].to_vec();
+                        tree = DraftTree::new();
+                        for (i, (&t, &s)) in kept.iter().zip(&sources).enumerate() {
+                            let parent = if i == 0 { drafting::ROOT } else { i as u32 - 1 };
+                            tree.push(t, parent, s);
+                        }
+                    }
+                }
                 let mut tokens = Vec::with_capacity(tree.len() + 1);
                 tokens.push(last);
                 tokens.extend_from_slice(tree.tokens());
@@ -522,8 +580,24 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                     continue;
                 }
                 // The prompt is in: its last row gives the first new token.
+                seq.ensure_constraint(tok, vocab);
+                if seq.is_finished() {
+                    continue;
+                }
+                let masked;
+                let chosen_from = match seq.constraint.as_mut() {
+                    Some(c) => {
+                        masked = {
+                            let mut r = last_row.to_vec();
+                            c.mask(&mut r);
+                            r
+                        };
+                        &masked[..]
+                    }
+                    None => last_row,
+                };
                 let verdict = verify(
-                    last_row,
+                    chosen_from,
                     vocab,
                     &[],
                     &seq.tokens,
@@ -537,14 +611,50 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 let rows = &logits[row * vocab..(row + toks.len()) * vocab];
                 row += toks.len();
                 let start = seq.cache.len() - toks.len();
-                let verdict = verify_tree(
-                    rows,
-                    vocab,
-                    &tree,
-                    &seq.tokens,
-                    &seq.config.sampling,
-                    &mut seq.rng,
-                );
+                let verdict = match seq.constraint.as_mut() {
+                    Some(c) => {
+                        // Each row masked by the grammar state after the drafts before it; under
+                        // greedy only the rows the walk reaches (the chain is cut where the
+                        // model's constrained choice leaves it, which changes no verdict).
+                        let params = &seq.config.sampling;
+                        let mut context = if params.repetition_penalty != 1.0 {
+                            seq.tokens.clone()
+                        } else {
+                            Vec::new()
+                        };
+                        let drafts = tree.tokens().to_vec();
+                        let mut choose = |row: &[f32], i: usize| {
+                            if i > 0 && params.repetition_penalty != 1.0 {
+                                context.push(drafts[i - 1]);
+                            }
+                            crate::sampling::greedy(row, &context, params)
+                        };
+                        let chooser: Option<&mut crate::grammar::Chooser<'_>> =
+                            if params.is_greedy() {
+                                Some(&mut choose)
+                            } else {
+                                None
+                            };
+                        let (masked, verified) = c.masked_rows(rows, vocab, &drafts, chooser);
+                        let checked = DraftTree::chain(&drafts[..verified], Source::Ngram);
+                        verify_tree(
+                            &masked,
+                            vocab,
+                            &checked,
+                            &seq.tokens,
+                            &seq.config.sampling,
+                            &mut seq.rng,
+                        )
+                    }
+                    None => verify_tree(
+                        rows,
+                        vocab,
+                        &tree,
+                        &seq.tokens,
+                        &seq.config.sampling,
+                        &mut seq.rng,
+                    ),
+                };
                 // The rows whose logits predicted each emitted token: the root's, then each
                 // accepted node's. Keep the cache for the root and the accepted path only.
                 let kept: Vec<usize> = std::iter::once(0)
@@ -697,6 +807,11 @@ pub fn generate(
     context_len: usize,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationOutput> {
+    if !config.response_format.is_text() {
+        // A schema that does not compile is an error now rather than an empty answer.
+        tok.grammar(model.config.vocab_size)?
+            .compile(&config.response_format)?;
+    }
     let mut seq = Sequence::new(model, prompt, config, context_len)?;
     while !seq.is_finished() {
         step(model, tok, &mut [&mut seq])?;

@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;
@@ -22,6 +23,7 @@ pub use generate::{
     generate, step, BySource, FinishReason, GenerationConfig, GenerationOutput, Sequence,
     SpecStats, TokenLogprob,
 };
+pub use grammar::ResponseFormat;
 pub use model::{Config, Model};
 pub use sampling::SamplingParams;
 pub use tokenizer::Tokenizer;

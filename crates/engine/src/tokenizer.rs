@@ -11,7 +11,9 @@
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
+use crate::grammar::GrammarCompiler;
 use candle_core::quantized::gguf_file::Value;
+use std::sync::OnceLock;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
@@ -54,6 +56,8 @@ pub struct Tokenizer {
     pub add_bos: bool,
     /// Tokens that end generation: eos, end-of-turn, and the chat formats' end markers.
     pub end_tokens: Vec<u32>,
+    /// The grammar compiler over this vocabulary, built on first use.
+    grammar: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
 fn err(msg: impl std::fmt::Display) -> EngineError {
@@ -160,7 +164,17 @@ impl Tokenizer {
                 .get_bool_opt("tokenizer.ggml.add_bos_token")
                 .unwrap_or(false),
             end_tokens,
+            grammar: OnceLock::new(),
         })
+    }
+
+    /// The grammar compiler for structured output over the model's `vocab_size` logits (built
+    /// once; later calls reuse it).
+    pub fn grammar(&self, vocab_size: usize) -> Result<&GrammarCompiler> {
+        self.grammar
+            .get_or_init(|| GrammarCompiler::new(self, vocab_size).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| EngineError::InvalidConfig(e.clone()))
     }
 
     /// The length in bytes of the longest token: a text of `b` bytes has at least
@@ -278,9 +292,11 @@ fn byte_level_bpe(
         ])
         .into(),
         "gpt2" | "default" => ByteLevel::new(false, false, true).into(),
-        other => return Err(err(format!(
+        other => {
+            return Err(err(format!(
             "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt2)"
-        ))),
+        )))
+        }
     };
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(pre_tokenizer));

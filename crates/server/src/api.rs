@@ -14,7 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use drafting::SpecOverrides;
-use engine::{FinishReason, GenerationConfig, LoadedModel, Message, SamplingParams, TokenLogprob};
+use engine::{
+    FinishReason, GenerationConfig, LoadedModel, Message, ResponseFormat, SamplingParams,
+    TokenLogprob,
+};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -233,6 +236,9 @@ struct Common {
     /// Chat: true or false (with `top_logprobs`); text completions: the number of alternatives.
     logprobs: Option<Value>,
     top_logprobs: Option<usize>,
+    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"schema":
+    /// ..., "name": ..., "strict": ...}}`.
+    response_format: Option<Value>,
 }
 
 /// The most choices one request may ask for (`n`).
@@ -329,6 +335,50 @@ impl Common {
             ));
         }
         Ok(Some(top))
+    }
+
+    /// The output format asked for, checked by compiling its grammar (a schema llguidance cannot
+    /// compile is a 400 naming `response_format`).
+    fn response_format(&self, state: &AppState) -> Result<ResponseFormat, ApiError> {
+        let bad = |m: String| ApiError::bad_request(m, Some("response_format"));
+        let Some(v) = self.response_format.as_ref().filter(|v| !v.is_null()) else {
+            return Ok(ResponseFormat::Text);
+        };
+        let format = match v.get("type").and_then(Value::as_str) {
+            Some("text") => ResponseFormat::Text,
+            Some("json_object") => ResponseFormat::JsonObject,
+            Some("json_schema") => {
+                let schema = v
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .filter(|s| s.is_object() || s.is_boolean())
+                    .ok_or_else(|| {
+                        bad(
+                            "response_format.json_schema.schema must be a JSON Schema object"
+                                .into(),
+                        )
+                    })?;
+                ResponseFormat::JsonSchema {
+                    schema: schema.clone(),
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "response_format.type must be text, json_object or json_schema, got {}",
+                    other.map_or_else(|| "nothing".to_string(), |t| format!("'{t}'"))
+                )))
+            }
+        };
+        if !format.is_text() {
+            let vocab = state.lm.model.config.vocab_size;
+            state
+                .lm
+                .tokenizer
+                .grammar(vocab)
+                .and_then(|g| g.compile(&format))
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        Ok(format)
     }
 
     fn config(
@@ -429,6 +479,7 @@ impl Common {
             speculation,
             stop,
             logprobs: self.logprobs(kind)?,
+            response_format: self.response_format(state)?,
         };
         config
             .validate()
@@ -648,6 +699,7 @@ const COMMON_FIELDS: &[&str] = &[
     "speculative_config",
     "logprobs",
     "top_logprobs",
+    "response_format",
 ];
 
 /// OpenAI fields accepted only with the value that changes nothing (what pld does anyway);
@@ -662,7 +714,6 @@ fn neutral(field: &str, v: &Value) -> Option<bool> {
         "user" => v.is_string() || v.is_null(),
         "frequency_penalty" | "presence_penalty" => v.is_null() || v.as_f64() == Some(0.0),
         "logit_bias" | "metadata" | "tools" => empty(v),
-        "response_format" => v.is_null() || v.get("type").and_then(Value::as_str) == Some("text"),
         "tool_choice" => v.is_null() || v.as_str() == Some("none"),
         "parallel_tool_calls" | "store" => v.is_null() || v.is_boolean(),
         "echo" => v.is_null() || v.as_bool() == Some(false),

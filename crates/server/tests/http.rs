@@ -365,6 +365,18 @@ async fn strict_requests_name_the_field_at_fault() {
     assert_eq!(refused("temperature", json!(2.5)).await, "temperature");
     assert_eq!(refused("top_p", json!(0)).await, "top_p");
     assert_eq!(refused("echo", json!(true)).await, "echo");
+    assert_eq!(
+        refused("response_format", json!({"type": "xml"})).await,
+        "response_format"
+    );
+    assert_eq!(
+        refused(
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})
+        )
+        .await,
+        "response_format"
+    );
     // What changes nothing is accepted.
     let mut body = chat("hi", 2);
     body["logit_bias"] = json!({});
@@ -905,16 +917,16 @@ async fn batching_does_not_change_results() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_client_works() {
     let ok = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, jsonschema"])
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
     if !ok {
         let st = std::process::Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .args(["-m", "pip", "install", "--quiet", "openai", "jsonschema"])
             .status()
             .expect("python3 runs");
-        assert!(st.success(), "pip install openai failed");
+        assert!(st.success(), "pip install openai jsonschema failed");
     }
     let base = start(config()).await;
     let script = format!(
@@ -933,6 +945,22 @@ assert t.usage.completion_tokens == 8, t
 m = c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "Name a colour."}}], max_tokens=6, temperature=1.0, seed=3, n=3)
 assert [ch.index for ch in m.choices] == [0, 1, 2], m
 assert all(ch.message.content for ch in m.choices), m
+import json, jsonschema
+schema = {{"type": "object", "properties": {{"name": {{"type": "string", "maxLength": 40}}, "age": {{"type": "integer", "minimum": 0, "maximum": 150}}}}, "required": ["name", "age"], "additionalProperties": False}}
+ask = [{{"role": "user", "content": "Ada Lovelace was 36. Give her name and age as JSON."}}]
+s = c.chat.completions.create(model="smollm2-135m", messages=ask, max_tokens=60, temperature=0, response_format={{"type": "json_schema", "json_schema": {{"name": "person", "schema": schema, "strict": True}}}})
+assert s.choices[0].finish_reason == "stop", s
+jsonschema.validate(json.loads(s.choices[0].message.content), schema)
+parts = []
+for chunk in c.chat.completions.create(model="smollm2-135m", messages=ask, max_tokens=60, temperature=0, stream=True, response_format={{"type": "json_schema", "json_schema": {{"name": "person", "schema": schema}}}}):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+assert "".join(parts) == s.choices[0].message.content, parts
+o = c.completions.create(model="smollm2-135m", prompt="A JSON object describing a cat:", max_tokens=80, temperature=0, extra_body={{"response_format": {{"type": "json_object"}}}})
+if o.choices[0].finish_reason == "stop":
+    assert isinstance(json.loads(o.choices[0].text), dict), o
+else:
+    assert o.choices[0].text.lstrip().startswith("{{"), o
 try:
     c.chat.completions.create(model="smollm2-135m", messages=[{{"role": "user", "content": "hi"}}], max_tokens=2, logit_bias={{"15": 5}})
     raise SystemExit("logit_bias was accepted")

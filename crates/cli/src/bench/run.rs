@@ -9,7 +9,7 @@ use super::results::{
 use crate::spec::SpecArgs;
 use clap::Args;
 use drafting::SpecConfig;
-use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message};
+use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message, ResponseFormat};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +41,9 @@ pub struct RunArgs {
     /// results.partial.json), with this command's other settings.
     #[arg(long, value_name = "FILE")]
     pub from_results: Option<PathBuf>,
+    /// Every answer constrained (`--json-object`, `--json-schema FILE`), plain and speculative.
+    #[command(flatten)]
+    pub format: crate::common::FormatArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -101,10 +104,11 @@ fn load_rows(args: &RunArgs) -> anyhow::Result<Vec<WorkloadRow>> {
     Ok(rows)
 }
 
-fn greedy(max_tokens: usize, speculation: SpecConfig) -> GenerationConfig {
+fn greedy(max_tokens: usize, speculation: SpecConfig, format: &ResponseFormat) -> GenerationConfig {
     GenerationConfig {
         max_new_tokens: max_tokens,
         speculation,
+        response_format: format.clone(),
         ..Default::default()
     }
 }
@@ -132,6 +136,7 @@ fn run_row(
     row: &WorkloadRow,
     max_tokens: usize,
     spec: &SpecConfig,
+    format: &ResponseFormat,
 ) -> anyhow::Result<RowResult> {
     let mut r = RowResult {
         question_id: row.question_id.clone(),
@@ -142,8 +147,8 @@ fn run_row(
     let mut messages = Vec::new();
     for turn in &row.turns {
         messages.push(Message::new("user", turn));
-        let plain = run_one(lm, &messages, greedy(max_tokens, SpecConfig::off()))?;
-        let fast = run_one(lm, &messages, greedy(max_tokens, *spec))?;
+        let plain = run_one(lm, &messages, greedy(max_tokens, SpecConfig::off(), format))?;
+        let fast = run_one(lm, &messages, greedy(max_tokens, *spec, format))?;
         r.identical &= plain.token_ids == fast.token_ids;
         r.new_tokens += plain.token_ids.len();
         r.plain_decode_s += plain.decode_time.as_secs_f64();
@@ -232,8 +237,13 @@ fn mismatch_line(r: &RowResult) -> String {
 
 fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Result<Vec<RowResult>> {
     let rows = load_rows(args)?;
+    let format = args.format.response_format()?;
     // Warm-up: touch the weights and the code paths once.
-    run_one(lm, &[Message::new("user", "Say hello.")], greedy(8, *spec))?;
+    run_one(
+        lm,
+        &[Message::new("user", "Say hello.")],
+        greedy(8, *spec, &ResponseFormat::Text),
+    )?;
 
     let bar = indicatif::ProgressBar::with_draw_target(
         Some(rows.len() as u64),
@@ -248,7 +258,7 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
     let mut results = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         bar.set_message(row.category.clone());
-        let r = run_row(lm, row, args.max_tokens, spec)?;
+        let r = run_row(lm, row, args.max_tokens, spec, &format)?;
         if !r.identical {
             bar.suspend(|| eprintln!("{}", mismatch_line(&r)));
         }
