@@ -25,6 +25,8 @@ pub enum ResponseFormat {
     JsonObject,
     /// JSON valid against `schema` (a JSON Schema).
     JsonSchema { schema: serde_json::Value },
+    /// Text of a grammar in llguidance's Lark syntax (the server's forced tool calls).
+    Lark { grammar: String },
 }
 
 impl ResponseFormat {
@@ -41,6 +43,7 @@ impl ResponseFormat {
             ResponseFormat::JsonSchema { schema } => {
                 Some(TopLevelGrammar::from_json_schema(schema.clone()))
             }
+            ResponseFormat::Lark { grammar } => Some(TopLevelGrammar::from_lark(grammar.clone())),
         }
     }
 }

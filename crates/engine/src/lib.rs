@@ -87,7 +87,26 @@ impl LoadedModel {
 
     /// The prompt text for a conversation, rendered with the model's chat template.
     pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+        self.render_chat_with_tools(messages, &[])
+    }
+
+    /// `render_chat` offering the model functions to call (see `ChatTemplate::render_with_tools`).
+    /// A template that ignores `tools` would leave the model unaware of them: that is an error.
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+    ) -> Result<String> {
         match &self.chat_template {
+            Some(t) if !tools.is_empty() => {
+                let with = t.render_with_tools(messages, tools, true)?;
+                if with == t.render(messages, true)? {
+                    return Err(EngineError::ChatTemplate(
+                        "the model's chat template does not take tools".into(),
+                    ));
+                }
+                Ok(with)
+            }
             Some(t) => t.render(messages, true),
             None => Err(EngineError::ChatTemplate(
                 "the model has no chat template (tokenizer.chat_template): it is a base model, give it plain text (pld generate without --chat, or /v1/completions)".into(),

@@ -3,6 +3,7 @@
 //! OpenAI-shaped body `{"error": {"message", "type", "param", "code"}}` with the right status.
 
 use crate::scheduler::{Event, Job, SubmitError};
+use crate::tools::{self, Tools};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -197,6 +198,12 @@ struct ContentPart {
 struct ChatMessage {
     role: String,
     content: Option<Content>,
+    /// An assistant turn's calls: `{"id", "type": "function", "function": {"name", "arguments":
+    /// <JSON text>}}`.
+    tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: the call it answers.
+    tool_call_id: Option<String>,
+    name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +258,8 @@ const MAX_TOP_LOGPROBS: usize = 20;
 #[derive(Deserialize)]
 struct ChatFields {
     messages: Vec<ChatMessage>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 /// The fields only text completions have.
@@ -505,10 +514,10 @@ async fn chat_completions(
         }
         let mut messages = Vec::with_capacity(req.messages.len());
         for (i, m) in req.messages.iter().enumerate() {
-            if !["system", "developer", "user", "assistant"].contains(&m.role.as_str()) {
+            if !["system", "developer", "user", "assistant", "tool"].contains(&m.role.as_str()) {
                 return Err(ApiError::bad_request(
                     format!(
-                        "messages[{i}].role '{}' is not supported (system, developer, user, assistant)",
+                        "messages[{i}].role '{}' is not supported (system, developer, user, assistant, tool)",
                         m.role
                     ),
                     Some(&format!("messages[{i}].role")),
@@ -533,18 +542,81 @@ async fn chat_completions(
                     s
                 }
             };
-            messages.push(Message::new(role, &content));
+            let mut message = Message::new(role, &content);
+            if let Some(calls) = &m.tool_calls {
+                message.tool_calls = Some(template_calls(calls, i)?);
+            }
+            message.tool_call_id = m.tool_call_id.clone();
+            message.name = m.name.clone();
+            messages.push(message);
         }
+        let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())
+            .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))?;
+        let offered = tools.as_ref().map_or(&[][..], |t| t.offered());
         let prompt = state
             .lm
-            .render_chat(&messages)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+            .render_chat_with_tools(&messages, offered)
+            .map_err(|e| {
+                let param = if offered.is_empty() { "messages" } else { "tools" };
+                ApiError::bad_request(e.to_string(), Some(param))
+            })?;
         let ids = tokenize(&state, prompt, Kind::Chat).await?;
-        let config = common.config(&state, ids.len(), Kind::Chat)?;
-        Ok(respond(&state, tenant, ids, config, &common, Kind::Chat).await)
+        let mut config = common.config(&state, ids.len(), Kind::Chat)?;
+        if let Some(grammar) = tools.as_ref().and_then(|t| t.forced_grammar()) {
+            if !config.response_format.is_text() {
+                return Err(ApiError::bad_request(
+                    "tool_choice that forces a call cannot be combined with a response_format",
+                    Some("tool_choice"),
+                ));
+            }
+            let format = ResponseFormat::Lark { grammar };
+            let vocab = state.lm.model.config.vocab_size;
+            state
+                .lm
+                .tokenizer
+                .grammar(vocab)
+                .and_then(|g| g.compile(&format))
+                .map_err(|e| ApiError::bad_request(e.to_string(), Some("tools")))?;
+            config.response_format = format;
+        }
+        let calls = !offered.is_empty();
+        Ok(respond(&state, tenant, ids, config, &common, Kind::Chat, calls).await)
     }
     .await;
     finish(&state, result)
+}
+
+/// An assistant turn's `tool_calls` as chat templates take them: the arguments (JSON text in
+/// OpenAI's format) as an object.
+fn template_calls(calls: &[Value], message: usize) -> Result<Vec<Value>, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let param = format!("messages[{message}].tool_calls[{j}]");
+            let f = c
+                .get("function")
+                .filter(|f| f["name"].is_string())
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("{param} needs function.name"), Some(&param))
+                })?;
+            let arguments = match f.get("arguments") {
+                Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| {
+                    ApiError::bad_request(
+                        format!("{param}.function.arguments is not JSON: {e}"),
+                        Some(&param),
+                    )
+                })?,
+                Some(v) => v.clone(),
+                None => json!({}),
+            };
+            Ok(json!({
+                "id": c.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {"name": f["name"], "arguments": arguments},
+            }))
+        })
+        .collect()
 }
 
 async fn completions(
@@ -576,7 +648,7 @@ async fn completions(
             ));
         }
         let config = common.config(&state, ids.len(), Kind::Text)?;
-        Ok(respond(&state, tenant, ids, config, &common, Kind::Text).await)
+        Ok(respond(&state, tenant, ids, config, &common, Kind::Text, false).await)
     }
     .await;
     finish(&state, result)
@@ -672,7 +744,7 @@ impl Kind {
     /// The fields of this endpoint's requests that pld reads.
     fn fields(self) -> &'static [&'static str] {
         match self {
-            Kind::Chat => &["messages"],
+            Kind::Chat => &["messages", "tools", "tool_choice"],
             Kind::Text => &["prompt"],
         }
     }
@@ -713,8 +785,7 @@ fn neutral(field: &str, v: &Value) -> Option<bool> {
     Some(match field {
         "user" => v.is_string() || v.is_null(),
         "frequency_penalty" | "presence_penalty" => v.is_null() || v.as_f64() == Some(0.0),
-        "logit_bias" | "metadata" | "tools" => empty(v),
-        "tool_choice" => v.is_null() || v.as_str() == Some("none"),
+        "logit_bias" | "metadata" => empty(v),
         "parallel_tool_calls" | "store" => v.is_null() || v.is_boolean(),
         "echo" => v.is_null() || v.as_bool() == Some(false),
         "suffix" => v.is_null(),
@@ -766,6 +837,7 @@ async fn respond(
     config: GenerationConfig,
     common: &Common,
     kind: Kind,
+    tools: bool,
 ) -> Response {
     let config_logprobs = config.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -815,6 +887,7 @@ async fn respond(
         object,
         kind,
         lm: state.lm.clone(),
+        tools,
     };
     let logprobs = config_logprobs;
     if common.stream {
@@ -835,6 +908,8 @@ struct Meta {
     object: &'static str,
     kind: Kind,
     lm: Arc<LoadedModel>,
+    /// Tools were offered: the output's calls become `tool_calls`.
+    tools: bool,
 }
 
 impl Meta {
@@ -927,14 +1002,24 @@ async fn whole_response(
                 completion += completion_tokens;
                 let lp = meta.logprobs(logprobs.then_some(&lps[index][..]), 0);
                 let text = std::mem::take(&mut texts[index]);
-                choices[index] = Some(match meta.kind {
-                    Kind::Chat => json!({
+                let calls = meta
+                    .tools
+                    .then(|| tools::parse_calls(&text, &format!("call-{}-{index}", meta.id)))
+                    .flatten();
+                choices[index] = Some(match (meta.kind, calls) {
+                    (Kind::Chat, Some((content, calls))) => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": content, "tool_calls": calls},
+                        "finish_reason": "tool_calls",
+                        "logprobs": lp,
+                    }),
+                    (Kind::Chat, None) => json!({
                         "index": index,
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": finish_reason(reason),
                         "logprobs": lp,
                     }),
-                    Kind::Text => json!({
+                    (Kind::Text, _) => json!({
                         "index": index,
                         "text": text,
                         "finish_reason": finish_reason(reason),
@@ -1008,6 +1093,8 @@ fn stream_response(
         done: bool,
         /// Per choice: text sent so far in bytes.
         sent: Vec<usize>,
+        /// Per choice, when tools were offered: the text from the first call on, held back.
+        calls: Vec<tools::CallStream>,
         finished: usize,
         completion: usize,
     }
@@ -1017,6 +1104,7 @@ fn stream_response(
         opened: false,
         done: false,
         sent: vec![0; n],
+        calls: (0..n).map(|_| tools::CallStream::default()).collect(),
         finished: 0,
         completion: 0,
     };
@@ -1035,13 +1123,43 @@ fn stream_response(
         st.opened = true;
         match st.rx.recv().await {
             Some(Event::Text { index, text, logprobs: lps }) => {
+                let text = if st.meta.tools { st.calls[index].push(&text) } else { text };
+                if text.is_empty() && (!logprobs || lps.is_empty()) {
+                    return Some((Vec::new(), st));
+                }
                 let lp = st.meta.logprobs(logprobs.then_some(&lps[..]), st.sent[index]);
                 let c = chunk(&st.meta, index, Some(&text), None, false, lp);
                 st.sent[index] += text.len();
                 Some((vec![data(c)], st))
             }
             Some(Event::Finished { index, reason, prompt_tokens, completion_tokens }) => {
-                let mut out = vec![data(chunk(&st.meta, index, None, Some(finish_reason(reason)), false, Value::Null))];
+                let mut out = Vec::new();
+                let mut reason = finish_reason(reason);
+                if st.meta.tools {
+                    match st.calls[index].finish(&format!("call-{}-{index}", st.meta.id)) {
+                        Ok(calls) => {
+                            let deltas: Vec<Value> = calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, mut c)| {
+                                    c["index"] = json!(i);
+                                    c
+                                })
+                                .collect();
+                            let m = &st.meta;
+                            out.push(data(json!({
+                                "id": m.id, "object": object, "created": m.created, "model": m.model,
+                                "choices": [{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": null, "logprobs": null}],
+                            })));
+                            reason = "tool_calls";
+                        }
+                        Err(held) if !held.is_empty() => {
+                            out.push(data(chunk(&st.meta, index, Some(&held), None, false, Value::Null)));
+                        }
+                        Err(_) => {}
+                    }
+                }
+                out.push(data(chunk(&st.meta, index, None, Some(reason), false, Value::Null)));
                 st.finished += 1;
                 st.completion += completion_tokens;
                 if st.finished == n {

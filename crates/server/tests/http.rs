@@ -41,9 +41,14 @@ fn config() -> ServerConfig {
 
 /// Starts a server on a free loopback port; returns its base URL.
 async fn start(config: ServerConfig) -> String {
+    start_with(model(), config).await
+}
+
+/// `start` with another model.
+async fn start_with(lm: Arc<LoadedModel>, config: ServerConfig) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = server::app(model(), config);
+    let app = server::app(lm, config);
     tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
@@ -365,6 +370,17 @@ async fn strict_requests_name_the_field_at_fault() {
     assert_eq!(refused("temperature", json!(2.5)).await, "temperature");
     assert_eq!(refused("top_p", json!(0)).await, "top_p");
     assert_eq!(refused("echo", json!(true)).await, "echo");
+    // SmolLM2's template takes no tools: offering some is refused rather than ignored.
+    let tool = json!([{"type": "function", "function": {"name": "f"}}]);
+    assert_eq!(refused("tools", tool.clone()).await, "tools");
+    assert_eq!(
+        refused("tools", json!([{"type": "retrieval"}])).await,
+        "tools[0]"
+    );
+    assert_eq!(
+        refused("tool_choice", json!("required")).await,
+        "tool_choice"
+    );
     assert_eq!(
         refused("response_format", json!({"type": "xml"})).await,
         "response_format"
@@ -1086,5 +1102,66 @@ async fn soak_of_mixed_requests_keeps_memory_flat() {
     assert!(
         end * 10 <= warm * 11,
         "resident memory grew from {warm} kB to {end} kB"
+    );
+}
+
+/// Function calling through the official client on a model whose template takes tools
+/// (qwen-coder-0.5b): a required call and a named one come back as `tool_calls` with arguments
+/// that match the parameters (the grammar forces them), also streamed; the call and a `tool`
+/// answer go back in for the next turn; an unknown function name is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_round_trip_with_the_openai_client() {
+    let path = models::resolve_model("qwen-coder-0.5b").expect("model available");
+    let lm = Arc::new(LoadedModel::load(&path).expect("model loads"));
+    let mut c = config();
+    c.model_name = "qwen-coder-0.5b".into();
+    let base = start_with(lm, c).await;
+    let script = format!(
+        r#"
+import json, openai
+c = openai.OpenAI(base_url="{base}/v1", api_key="none")
+tools = [{{"type": "function", "function": {{"name": "get_weather", "description": "Current weather in a city", "parameters": {{"type": "object", "properties": {{"city": {{"type": "string", "maxLength": 30}}}}, "required": ["city"], "additionalProperties": False}}}}}},
+         {{"type": "function", "function": {{"name": "get_time", "parameters": {{"type": "object", "properties": {{}}, "additionalProperties": False}}}}}}]
+msgs = [{{"role": "user", "content": "What is the weather in Paris right now?"}}]
+for choice in ["required", {{"type": "function", "function": {{"name": "get_weather"}}}}]:
+    r = c.chat.completions.create(model="qwen-coder-0.5b", messages=msgs, tools=tools, tool_choice=choice, max_tokens=60, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", r
+    call = ch.message.tool_calls[0]
+    assert call.function.name == "get_weather", r
+    assert isinstance(json.loads(call.function.arguments)["city"], str), r
+streamed, finish = [], None
+for chunk in c.chat.completions.create(model="qwen-coder-0.5b", messages=msgs, tools=tools, tool_choice="required", max_tokens=60, temperature=0, stream=True):
+    if chunk.choices:
+        if chunk.choices[0].delta.tool_calls:
+            streamed.extend(chunk.choices[0].delta.tool_calls)
+        finish = chunk.choices[0].finish_reason or finish
+assert finish == "tool_calls" and streamed[0].function.name == "get_weather", streamed
+assert streamed[0].function.arguments == call.function.arguments, (streamed, call)
+back = msgs + [{{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}},
+               {{"role": "tool", "tool_call_id": call.id, "content": json.dumps({{"temperature_c": 18}})}}]
+r2 = c.chat.completions.create(model="qwen-coder-0.5b", messages=back, tools=tools, tool_choice="none", max_tokens=24, temperature=0)
+assert r2.choices[0].message.content, r2
+try:
+    c.chat.completions.create(model="qwen-coder-0.5b", messages=msgs, tools=tools, tool_choice={{"type": "function", "function": {{"name": "nope"}}}}, max_tokens=4)
+    raise SystemExit("an unknown function was accepted")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "tool_choice", e.body
+print("ok")
+"#
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
