@@ -222,7 +222,8 @@ struct StreamOptions {
 /// The fields shared by chat and text completions.
 #[derive(Deserialize)]
 struct Common {
-    model: String,
+    /// The served model's name; absent or null means the served model (one model per server).
+    model: Option<String>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     temperature: Option<f32>,
@@ -355,7 +356,20 @@ impl Common {
         };
         let format = match v.get("type").and_then(Value::as_str) {
             Some("text") => ResponseFormat::Text,
-            Some("json_object") => ResponseFormat::JsonObject,
+            // llama.cpp's extension: a json_object with its own `schema`.
+            Some("json_object") => match v.get("schema") {
+                None | Some(Value::Null) => ResponseFormat::JsonObject,
+                Some(schema) if schema.is_object() || schema.is_boolean() => {
+                    ResponseFormat::JsonSchema {
+                        schema: schema.clone(),
+                    }
+                }
+                Some(_) => {
+                    return Err(bad(
+                        "response_format.schema must be a JSON Schema object".into()
+                    ))
+                }
+            },
             Some("json_schema") => {
                 let schema = v
                     .get("json_schema")
@@ -396,10 +410,11 @@ impl Common {
         prompt_len: usize,
         kind: Kind,
     ) -> Result<GenerationConfig, ApiError> {
-        if self.model != state.config.model_name && self.model != state.lm.name {
+        let named = self.model.as_deref();
+        if let Some(model) = named.filter(|&m| m != state.config.model_name && m != state.lm.name) {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
-                message: format!("The model `{}` does not exist.", self.model),
+                message: format!("The model `{model}` does not exist."),
                 kind: "invalid_request_error",
                 param: Some("model".into()),
                 code: Some("model_not_found"),

@@ -274,6 +274,24 @@ async fn bad_requests_get_openai_errors() {
     body["model"] = json!("gpt-17");
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_error(s, &v, 404);
+    // Without a model name (or with null) the served model answers, as in vLLM.
+    for model in [None, Some(Value::Null)] {
+        let mut body = chat("hi", 2);
+        match model {
+            None => {
+                body.as_object_mut().unwrap().remove("model");
+            }
+            Some(m) => body["model"] = m,
+        }
+        let (s, v) = post(&base, "/v1/chat/completions", body).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // llama.cpp's json_object with a schema of its own is honoured.
+    let mut body = chat("Write an example", 6);
+    body["response_format"] = json!({"type": "json_object", "schema": {"const": "42"}});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "\"42\"", "{v}");
     let (s, v) = post(&base, "/v1/chat/completions", chat(&"word ".repeat(200), 4)).await;
     assert_error(s, &v, 400);
     let msg = v["error"]["message"].as_str().unwrap();
