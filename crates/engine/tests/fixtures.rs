@@ -50,14 +50,7 @@ fn chat_template_matches_reference() {
 }
 
 fn log_softmax_at(row: &[f32], id: u32) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = row
-        .iter()
-        .map(|v| ((v - max) as f64).exp())
-        .sum::<f64>()
-        .ln() as f32
-        + max;
-    row[id as usize] - lse
+    log_softmax(row)[id as usize]
 }
 
 /// Teacher forcing: feed prompt + reference continuation, compare every position's logits with

@@ -79,17 +79,6 @@ fn teacher_forced(m: &Model, prompt: &[u32], cont: &[u32]) -> Vec<f32> {
     rows
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = row
-        .iter()
-        .map(|v| ((v - max) as f64).exp())
-        .sum::<f64>()
-        .ln() as f32
-        + max;
-    row.iter().map(|v| v - lse).collect()
-}
-
 /// The largest difference from the reference's top-5 log-probabilities over every case under
 /// teacher forcing, checking argmaxes where the reference leads by more than `margin`.
 fn compare(lm: &engine::LoadedModel, top1_only: bool, tol: f32, margin: f32) -> f32 {

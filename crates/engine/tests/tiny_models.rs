@@ -3,6 +3,9 @@
 //! in `tests/tiny/`): logits against transformers' float32 ones, our greedy decoding against its,
 //! a batched pass bit-identical to single steps, and speculative greedy output equal to plain.
 
+mod common;
+
+use common::log_softmax;
 use engine::kv_cache::KvCache;
 use engine::model::BatchItem;
 use engine::weights::Precision;
@@ -79,17 +82,6 @@ fn served_tolerance(weights: &str) -> f32 {
         "F16" => 0.05,
         _ => 0.75,
     }
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = row
-        .iter()
-        .map(|v| ((v - max) as f64).exp())
-        .sum::<f64>()
-        .ln() as f32
-        + max;
-    row.iter().map(|v| v - lse).collect()
 }
 
 fn all_logits(lm: &LoadedModel, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {

@@ -393,13 +393,7 @@ impl Common {
             }
         };
         if !format.is_text() {
-            let vocab = state.lm.model.config.vocab_size;
-            state
-                .lm
-                .tokenizer
-                .grammar(vocab)
-                .and_then(|g| g.compile(&format))
-                .map_err(|e| bad(e.to_string()))?;
+            check_grammar(state, &format, "response_format")?;
         }
         Ok(format)
     }
@@ -585,13 +579,7 @@ async fn chat_completions(
                 ));
             }
             let format = ResponseFormat::Lark { grammar };
-            let vocab = state.lm.model.config.vocab_size;
-            state
-                .lm
-                .tokenizer
-                .grammar(vocab)
-                .and_then(|g| g.compile(&format))
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("tools")))?;
+            check_grammar(&state, &format, "tools")?;
             config.response_format = format;
         }
         let calls = !offered.is_empty();
@@ -599,6 +587,18 @@ async fn chat_completions(
     }
     .await;
     finish(&state, result)
+}
+
+/// Compiles the grammar of `format` once to check it; a failure is a 400 naming `param`.
+fn check_grammar(state: &AppState, format: &ResponseFormat, param: &str) -> Result<(), ApiError> {
+    let vocab = state.lm.model.config.vocab_size;
+    state
+        .lm
+        .tokenizer
+        .grammar(vocab)
+        .and_then(|g| g.compile(format))
+        .map(|_| ())
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some(param)))
 }
 
 /// An assistant turn's `tool_calls` as chat templates take them: the arguments (JSON text in

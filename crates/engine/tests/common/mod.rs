@@ -86,3 +86,15 @@ fn model_at(alias: &str, precision: engine::weights::Precision) -> Arc<LoadedMod
     guard.push((key, m.clone()));
     m
 }
+
+/// The log-softmax of a row of logits (the sum in f64).
+pub fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = row
+        .iter()
+        .map(|v| ((v - max) as f64).exp())
+        .sum::<f64>()
+        .ln() as f32
+        + max;
+    row.iter().map(|v| v - lse).collect()
+}
