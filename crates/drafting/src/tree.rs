@@ -75,6 +75,14 @@ impl DraftTree {
         }
     }
 
+    /// Keeps the first `len` nodes (a tree still: parents precede their children).
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.parents.truncate(len);
+        self.depths.truncate(len);
+        self.sources.truncate(len);
+    }
+
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.parents.clear();

@@ -140,7 +140,6 @@ pub struct Rope {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub arch: Architecture,
-    pub family: Family,
     pub n_layer: usize,
     pub d_model: usize,
     pub d_ff: usize,
@@ -270,7 +269,6 @@ impl Config {
         }
         Ok(Config {
             arch,
-            family,
             n_layer,
             d_model,
             d_ff,
@@ -288,6 +286,11 @@ impl Config {
         })
     }
 
+    /// The conventions of the model's family.
+    pub fn family(&self) -> Family {
+        Family::of(self.arch)
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
@@ -300,7 +303,7 @@ impl Config {
     pub fn is_windowed(&self, layer: usize) -> bool {
         self.sliding_window.is_some()
             && self
-                .family
+                .family()
                 .global_every
                 .is_none_or(|n| !(layer + 1).is_multiple_of(n))
     }

@@ -509,15 +509,7 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                         .position(|&t| tok.is_end(t))
                         .unwrap_or(chain.len());
                     let keep = c.valid_prefix(&chain[..free]);
-                    if keep < tree.len() {
-                        let sources = tree.sources()[..keep].to_vec();
-                        let kept = chain[..keep].to_vec();
-                        tree = DraftTree::new();
-                        for (i, (&t, &s)) in kept.iter().zip(&sources).enumerate() {
-                            let parent = if i == 0 { drafting::ROOT } else { i as u32 - 1 };
-                            tree.push(t, parent, s);
-                        }
-                    }
+                    tree.truncate(keep);
                 }
                 let mut tokens = Vec::with_capacity(tree.len() + 1);
                 tokens.push(last);
@@ -636,7 +628,8 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                                 None
                             };
                         let (masked, verified) = c.masked_rows(rows, vocab, &drafts, chooser);
-                        let checked = DraftTree::chain(&drafts[..verified], Source::Ngram);
+                        let mut checked = tree.clone();
+                        checked.truncate(verified);
                         verify_tree(
                             &masked,
                             vocab,

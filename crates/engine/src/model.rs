@@ -62,7 +62,7 @@ impl Model {
     /// `load`, with the weight matrices held at `precision`.
     pub fn load_with(file: &GgufFile, precision: Precision) -> Result<Self> {
         let c = Config::from_gguf(file)?;
-        let f = c.family;
+        let f = c.family();
         let isa = kernels::isa();
         let matrix = |name: &str, rows: usize, cols: usize| {
             weights::product_matrix(file, name, rows, cols, precision, isa)
@@ -253,7 +253,7 @@ impl Model {
         let mut x = vec![0f32; n * d];
         let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
         weights::embed(&self.token_embd, tokens, &mut x);
-        if c.family.scale_embeddings {
+        if c.family().scale_embeddings {
             let s = (d as f64).sqrt() as f32;
             x.iter_mut().for_each(|v| *v *= s);
         }
@@ -425,7 +425,7 @@ impl Model {
             let m = &layer.mlp;
             norm_rows(&x, &m.norm, c.rms_eps, &mut h, d);
             kernels::matmul_many(&h, n, &mut [(&m.gate, &mut gate), (&m.up, &mut up)]);
-            let activation = match c.family.activation {
+            let activation = match c.family().activation {
                 Activation::Silu => kernels::swiglu,
                 Activation::GeluTanh => kernels::geglu,
             };
@@ -578,7 +578,7 @@ impl RopeTable {
             }
         }
         RopeTable {
-            style: c.family.rope_style,
+            style: c.family().rope_style,
             half,
             cos,
             sin,

@@ -71,32 +71,7 @@ fn logits_match_reference_under_teacher_forcing() {
         let vocab = lm.model.config.vocab_size;
         let mut worst = 0f32;
         for case in &fx.generation {
-            let mut cache = lm
-                .model
-                .new_cache(case.prompt_ids.len() + case.greedy_ids.len() + 1);
-            let mut rows = Vec::new();
-            for chunk in case.prompt_ids.chunks(engine::generate::PREFILL_CHUNK) {
-                rows = lm
-                    .model
-                    .forward(&mut [BatchItem {
-                        tokens: chunk,
-                        cache: &mut cache,
-                        all_logits: false,
-                        parents: &[],
-                    }])
-                    .unwrap();
-            }
-            let forced = &case.greedy_ids[..case.greedy_ids.len() - 1];
-            rows.extend(
-                lm.model
-                    .forward(&mut [BatchItem {
-                        tokens: forced,
-                        cache: &mut cache,
-                        all_logits: true,
-                        parents: &[],
-                    }])
-                    .unwrap(),
-            );
+            let rows = teacher_forced(&lm.model, &case.prompt_ids, &case.greedy_ids);
             for (j, top5) in case.top5_logprobs.iter().enumerate() {
                 let row = &rows[j * vocab..(j + 1) * vocab];
                 let (ref_id, ref_lp) = top5[0];

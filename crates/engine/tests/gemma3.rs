@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use engine::kv_cache::KvCache;
-use engine::model::{BatchItem, Model};
+use engine::model::BatchItem;
 
 const ALIAS: &str = "gemma3-270m";
 const FIXTURE: &str = "gemma3-270m.json";
@@ -50,33 +50,6 @@ fn gemma3_tokenizer_matches_reference() {
     );
     let err = lm.render_chat(&[]).unwrap_err().to_string();
     assert!(err.contains("no chat template"), "{err}");
-}
-
-/// Prefill in chunks, then every reference token fed in one pass: the logits of each generated
-/// position.
-fn teacher_forced(m: &Model, prompt: &[u32], cont: &[u32]) -> Vec<f32> {
-    let mut cache = m.new_cache(prompt.len() + cont.len() + 1);
-    let mut rows = Vec::new();
-    for chunk in prompt.chunks(engine::generate::PREFILL_CHUNK) {
-        rows = m
-            .forward(&mut [BatchItem {
-                tokens: chunk,
-                cache: &mut cache,
-                all_logits: false,
-                parents: &[],
-            }])
-            .unwrap();
-    }
-    rows.extend(
-        m.forward(&mut [BatchItem {
-            tokens: &cont[..cont.len() - 1],
-            cache: &mut cache,
-            all_logits: true,
-            parents: &[],
-        }])
-        .unwrap(),
-    );
-    rows
 }
 
 /// The largest difference from the reference's top-5 log-probabilities over every case under

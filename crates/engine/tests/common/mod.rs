@@ -98,3 +98,30 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
         + max;
     row.iter().map(|v| v - lse).collect()
 }
+
+/// Prefill in chunks, then every reference token fed in one pass: the logits of each generated
+/// position.
+pub fn teacher_forced(m: &engine::model::Model, prompt: &[u32], cont: &[u32]) -> Vec<f32> {
+    let mut cache = m.new_cache(prompt.len() + cont.len() + 1);
+    let mut rows = Vec::new();
+    for chunk in prompt.chunks(engine::generate::PREFILL_CHUNK) {
+        rows = m
+            .forward(&mut [engine::model::BatchItem {
+                tokens: chunk,
+                cache: &mut cache,
+                all_logits: false,
+                parents: &[],
+            }])
+            .unwrap();
+    }
+    rows.extend(
+        m.forward(&mut [engine::model::BatchItem {
+            tokens: &cont[..cont.len() - 1],
+            cache: &mut cache,
+            all_logits: true,
+            parents: &[],
+        }])
+        .unwrap(),
+    );
+    rows
+}
