@@ -41,15 +41,20 @@ pub fn machine_description() -> String {
     format!("{cpu}, {cores} cores, kernels {:?}", engine::kernels::isa())
 }
 
-/// `--json-schema FILE` / `--json-object`: structured output for `generate` and `bench run`.
+/// `--json-schema FILE` / `--json-object` / `--grammar FILE`: structured output for `generate`
+/// and `bench run`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct FormatArgs {
     /// Constrain the output to JSON valid against the JSON Schema in this file.
-    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json_object", "grammar"])]
     pub json_schema: Option<std::path::PathBuf>,
     /// Constrain the output to a JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "grammar")]
     pub json_object: bool,
+    /// Constrain the output to the grammar in this file (llama.cpp's GBNF; the start rule is
+    /// `root`).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
 }
 
 impl FormatArgs {
@@ -63,6 +68,11 @@ impl FormatArgs {
                 anyhow::anyhow!("--json-schema {} is not JSON: {e}", path.display())
             })?;
             return Ok(engine::ResponseFormat::JsonSchema { schema });
+        }
+        if let Some(path) = &self.grammar {
+            let grammar = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read --grammar {}: {e}", path.display()))?;
+            return Ok(engine::ResponseFormat::Gbnf { grammar });
         }
         Ok(if self.json_object {
             engine::ResponseFormat::JsonObject

@@ -1,5 +1,6 @@
-//! Constrained decoding: `response_format` (any JSON object, or JSON matching a schema) compiled
-//! by llguidance into a token-level matcher over the model's vocabulary.
+//! Constrained decoding: `response_format` (any JSON object, or JSON matching a schema) or a
+//! grammar (llguidance's Lark, or llama.cpp's GBNF translated by `gbnf`) compiled by llguidance
+//! into a token-level matcher over the model's vocabulary.
 //!
 //! A constraint follows the emitted tokens. At every verified position the logits of the tokens the
 //! grammar forbids are set to minus infinity before greedy choice or sampling, so a drafted token
@@ -14,6 +15,8 @@ use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
 
+pub mod gbnf;
+
 /// What the output must be, as OpenAI's `response_format` says it.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -27,6 +30,9 @@ pub enum ResponseFormat {
     JsonSchema { schema: serde_json::Value },
     /// Text of a grammar in llguidance's Lark syntax (the server's forced tool calls).
     Lark { grammar: String },
+    /// Text of a grammar in llama.cpp's GBNF (its server's `grammar` field, `pld generate
+    /// --grammar`).
+    Gbnf { grammar: String },
 }
 
 impl ResponseFormat {
@@ -34,8 +40,16 @@ impl ResponseFormat {
         matches!(self, ResponseFormat::Text)
     }
 
-    fn grammar(&self) -> Option<TopLevelGrammar> {
+    /// The request field this format came from, for errors.
+    fn field(&self) -> &'static str {
         match self {
+            ResponseFormat::Gbnf { .. } => "grammar",
+            _ => "response_format",
+        }
+    }
+
+    fn grammar(&self) -> Result<Option<TopLevelGrammar>> {
+        Ok(match self {
             ResponseFormat::Text => None,
             ResponseFormat::JsonObject => Some(TopLevelGrammar::from_json_schema(
                 serde_json::json!({"type": "object"}),
@@ -44,7 +58,10 @@ impl ResponseFormat {
                 Some(TopLevelGrammar::from_json_schema(schema.clone()))
             }
             ResponseFormat::Lark { grammar } => Some(TopLevelGrammar::from_lark(grammar.clone())),
-        }
+            ResponseFormat::Gbnf { grammar } => Some(TopLevelGrammar::from_lark(
+                gbnf::to_lark(grammar).map_err(|e| grammar_error(self.field(), e))?,
+            )),
+        })
     }
 }
 
@@ -86,7 +103,8 @@ impl GrammarCompiler {
         info.tok_bos = tok.bos;
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&end_tokens);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
-        let mut factory = ParserFactory::new_simple(&env).map_err(grammar_error)?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| grammar_error("response_format", e))?;
         factory.quiet();
         Ok(GrammarCompiler {
             factory,
@@ -97,13 +115,17 @@ impl GrammarCompiler {
     /// A constraint for one sequence, or `None` for free text. A schema llguidance cannot compile
     /// is an error naming the problem.
     pub fn compile(&self, format: &ResponseFormat) -> Result<Option<Constraint>> {
-        let Some(grammar) = format.grammar() else {
+        let Some(grammar) = format.grammar()? else {
             return Ok(None);
         };
-        let parser = self.factory.create_parser(grammar).map_err(grammar_error)?;
+        let field = format.field();
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| grammar_error(field, e))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(grammar_error(e));
+            return Err(grammar_error(field, e));
         }
         Ok(Some(Constraint {
             matcher,
@@ -112,8 +134,8 @@ impl GrammarCompiler {
     }
 }
 
-fn grammar_error(e: impl std::fmt::Display) -> EngineError {
-    EngineError::InvalidConfig(format!("response_format: {e}"))
+fn grammar_error(field: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::InvalidConfig(format!("{field}: {e}"))
 }
 
 /// Greedy verification's choice at a masked row (the row and its index in the chain).

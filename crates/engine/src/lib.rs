@@ -92,11 +92,27 @@ impl LoadedModel {
 
     /// `render_chat` offering the model functions to call (see `ChatTemplate::render_with_tools`).
     /// A template that ignores `tools` would leave the model unaware of them: that is an error.
+    ///
+    /// A last message from the assistant (without tool calls) is a prefill, as in llama.cpp's
+    /// server: the conversation before it is rendered up to the assistant's turn and its text
+    /// follows, so the reply continues it.
     pub fn render_chat_with_tools(
         &self,
         messages: &[Message],
         tools: &[serde_json::Value],
     ) -> Result<String> {
+        match messages.split_last() {
+            Some((last, before)) if last.role == "assistant" && last.tool_calls.is_none() => {
+                let mut prompt = self.render_turns(before, tools)?;
+                prompt.push_str(&last.content);
+                Ok(prompt)
+            }
+            _ => self.render_turns(messages, tools),
+        }
+    }
+
+    /// The conversation rendered up to the assistant's next turn.
+    fn render_turns(&self, messages: &[Message], tools: &[serde_json::Value]) -> Result<String> {
         match &self.chat_template {
             Some(t) if !tools.is_empty() => {
                 let with = t.render_with_tools(messages, tools, true)?;

@@ -247,6 +247,9 @@ struct Common {
     /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"schema":
     /// ..., "name": ..., "strict": ...}}`.
     response_format: Option<Value>,
+    /// llama.cpp's extensions: a JSON Schema, or a grammar in GBNF.
+    json_schema: Option<Value>,
+    grammar: Option<String>,
 }
 
 /// The most choices one request may ask for (`n`).
@@ -347,12 +350,53 @@ impl Common {
         Ok(Some(top))
     }
 
-    /// The output format asked for, checked by compiling its grammar (a schema llguidance cannot
-    /// compile is a 400 naming `response_format`).
+    /// The output format asked for, from `response_format` or llama.cpp's `json_schema` or
+    /// `grammar` (one of them at most), checked by compiling its grammar: one llguidance cannot
+    /// compile is a 400 naming the field.
     fn response_format(&self, state: &AppState) -> Result<ResponseFormat, ApiError> {
+        let (format, field) = self.format_asked()?;
+        if !format.is_text() {
+            check_grammar(state, &format, field)?;
+        }
+        Ok(format)
+    }
+
+    /// The format and the field that asked for it.
+    fn format_asked(&self) -> Result<(ResponseFormat, &'static str), ApiError> {
+        let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        let asked = [
+            ("response_format", given(&self.response_format)),
+            ("json_schema", given(&self.json_schema)),
+            ("grammar", self.grammar.is_some()),
+        ];
+        let mut named = asked.iter().filter(|(_, on)| *on).map(|(f, _)| *f);
+        if let (Some(a), Some(b)) = (named.next(), named.next()) {
+            return Err(ApiError::bad_request(
+                format!("give one of {a} and {b}, not both"),
+                Some(b),
+            ));
+        }
+        if let Some(grammar) = &self.grammar {
+            let format = ResponseFormat::Gbnf {
+                grammar: grammar.clone(),
+            };
+            return Ok((format, "grammar"));
+        }
+        if let Some(schema) = self.json_schema.as_ref().filter(|v| !v.is_null()) {
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(ApiError::bad_request(
+                    "json_schema must be a JSON Schema object",
+                    Some("json_schema"),
+                ));
+            }
+            let format = ResponseFormat::JsonSchema {
+                schema: schema.clone(),
+            };
+            return Ok((format, "json_schema"));
+        }
         let bad = |m: String| ApiError::bad_request(m, Some("response_format"));
         let Some(v) = self.response_format.as_ref().filter(|v| !v.is_null()) else {
-            return Ok(ResponseFormat::Text);
+            return Ok((ResponseFormat::Text, "response_format"));
         };
         let format = match v.get("type").and_then(Value::as_str) {
             Some("text") => ResponseFormat::Text,
@@ -392,10 +436,7 @@ impl Common {
                 )))
             }
         };
-        if !format.is_text() {
-            check_grammar(state, &format, "response_format")?;
-        }
-        Ok(format)
+        Ok((format, "response_format"))
     }
 
     fn config(
@@ -787,6 +828,8 @@ const COMMON_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "response_format",
+    "json_schema",
+    "grammar",
 ];
 
 /// OpenAI fields accepted only with the value that changes nothing (what pld does anyway);

@@ -292,6 +292,54 @@ async fn bad_requests_get_openai_errors() {
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "\"42\"", "{v}");
+    // And its top-level json_schema and GBNF grammar, one constraint per request.
+    let mut body = chat("Write an example", 6);
+    body["json_schema"] = json!({"const": "42"});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "\"42\"", "{v}");
+    let gbnf = "root ::= answer \".\"\nanswer ::= \"yes\" | \"no\" # either\n";
+    let body = json!({"model": "smollm2-135m", "prompt": "Is water wet? Answer:", "max_tokens": 6,
+        "temperature": 0, "grammar": gbnf});
+    let (s, v) = post(&base, "/v1/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text == "yes." || text == "no.", "{v}");
+    let mut body = chat("hi", 4);
+    body["grammar"] = json!("root ::= \"a\"\nroot ::= \"b\"\n");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "grammar", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("line 2"),
+        "{v}"
+    );
+    let mut body = chat("hi", 4);
+    body["grammar"] = json!(gbnf);
+    body["response_format"] = json!({"type": "json_object"});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_error(s, &v, 400);
+    assert_eq!(v["error"]["param"], "grammar", "{v}");
+    // A last assistant message is a prefill: the reply continues its text, as the same prompt
+    // continues on /v1/completions.
+    let question = "List three fruits.";
+    let prefill = "1. Apple\n2.";
+    let body = json!({"model": "smollm2-135m", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": question},
+                     {"role": "assistant", "content": prefill}]});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    let rendered = model()
+        .render_chat(&[engine::Message::new("user", question)])
+        .unwrap();
+    let body = json!({"model": "smollm2-135m", "max_tokens": 8, "temperature": 0,
+        "prompt": format!("{rendered}{prefill}")});
+    let (s, w) = post(&base, "/v1/completions", body).await;
+    assert_eq!(s, 200, "{w}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], w["choices"][0]["text"],
+        "{v} {w}"
+    );
     let (s, v) = post(&base, "/v1/chat/completions", chat(&"word ".repeat(200), 4)).await;
     assert_error(s, &v, 400);
     let msg = v["error"]["message"].as_str().unwrap();
