@@ -454,6 +454,16 @@ impl Drafter {
         }
     }
 
+    /// Keeps only the first `len` nodes of the last proposal, because only they were sent (an
+    /// engine's grammar forbade the next): the cut nodes were never verified, so they count as
+    /// neither accepted nor rejected.
+    pub fn keep_first(&mut self, len: usize) {
+        if len < self.tree.len() {
+            self.tree.truncate(len);
+            self.classes.truncate(len);
+        }
+    }
+
     /// Records the verified outcome of the last proposal: `path` is the accepted nodes, from the
     /// root's child down (for a chain, `0..accepted`). A step whose proposal was empty counts as
     /// a step without a draft.
@@ -548,6 +558,26 @@ mod tests {
         // A price no draft can pay sends nothing but probes, even for a perfect match.
         let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]).unwrap();
         assert!(e.propose(8, Some(5.0)).len() <= 1);
+    }
+
+    #[test]
+    fn nodes_cut_before_sending_count_neither_way() {
+        // Every sent token is accepted, but only the first of each draft is sent (as when a
+        // grammar forbids the second): the estimate must see an accepted token, not an accepted
+        // token and a rejected one.
+        let run = |cut: bool| {
+            let mut d = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]).unwrap();
+            for _ in 0..30 {
+                let sent = d.propose(8, Some(0.1)).len();
+                if cut {
+                    d.keep_first(sent.min(1));
+                }
+                d.observe(if sent > 0 { &[0] } else { &[] });
+            }
+            d.length().acceptance(1)
+        };
+        assert!(run(true) > 0.9, "cut: {}", run(true));
+        assert!(run(false) <= 0.55, "uncut: {}", run(false));
     }
 
     #[test]

@@ -510,6 +510,9 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                         .unwrap_or(chain.len());
                     let keep = c.valid_prefix(&chain[..free]);
                     tree.truncate(keep);
+                    if let Some(d) = seq.drafter.as_mut() {
+                        d.keep_first(keep);
+                    }
                 }
                 let mut tokens = Vec::with_capacity(tree.len() + 1);
                 tokens.push(last);
