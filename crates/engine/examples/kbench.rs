@@ -29,7 +29,10 @@ fn main() {
     println!(
         "{threads} threads; fastest of 9 runs in ms (GB/s of weights read); last column GMAC/s"
     );
-    println!("format m {isas:?} (then Avx512Vnni on the interleaved layout for K-quants)");
+    // Natural layout: every implementation but Avx512, which runs the AVX2 code there.
+    let natural: Vec<Isa> = isas.iter().copied().filter(|&i| i != Isa::Avx512).collect();
+    let packing: Vec<Isa> = isas.iter().copied().filter(|i| i.avx512()).collect();
+    println!("format m {natural:?} (then {packing:?} on the interleaved layout)");
     for dtype in [
         GgmlDType::Q4K,
         GgmlDType::Q6K,
@@ -46,13 +49,15 @@ fn main() {
         }
         let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
         // The interleaved copy, where the format has one: an extra column.
-        let packed = mat.clone().packed_for(Isa::Avx512Vnni);
-        let variants: Vec<(Isa, &QMatrix)> = isas
+        let packed = mat.clone().packed_for(Isa::Avx512);
+        let variants: Vec<(Isa, &QMatrix)> = natural
             .iter()
             .map(|&i| (i, &mat))
             .chain(
-                (packed.packed.is_some() && Isa::Avx512Vnni.is_available())
-                    .then_some((Isa::Avx512Vnni, &packed)),
+                packing
+                    .iter()
+                    .filter(|_| packed.packed.is_some())
+                    .map(|&i| (i, &packed)),
             )
             .collect();
         let bytes = mat.bytes.as_slice().len();

@@ -1,6 +1,6 @@
 //! Structured output (`response_format`): constrained greedy output is valid JSON (matching the
 //! schema when one is given), speculation leaves it token for token unchanged, drafts copied from
-//! a document still land under the grammar, and a schema that does not compile is an error naming
+//! the prompt's text still land under the grammar, and a schema that does not compile is an error naming
 //! `response_format`.
 
 mod common;
@@ -54,6 +54,12 @@ fn extraction_prompt(lm: &LoadedModel) -> Vec<u32> {
     chat(lm, row["turns"][0].as_str().unwrap())
 }
 
+/// A request whose answer copies a sentence of its text into a JSON string.
+const QUOTE_REQUEST: &str = "Text: \"The Rhine flows from the Swiss Alps through Germany and the \
+Netherlands before it reaches the North Sea near Rotterdam. It has carried barges, timber and wine \
+for two thousand years. Today its banks are lined with castles and vineyards.\"\n\n\
+Copy the first sentence of the text, word for word, into a JSON object with the key \"sentence\".";
+
 fn person_schema() -> Value {
     json!({
         "type": "object",
@@ -82,10 +88,21 @@ fn constrained_greedy_is_valid_json_and_speculation_exact() {
                 },
             ),
             (extraction_prompt(&lm), ResponseFormat::JsonObject),
+            (
+                chat(&lm, QUOTE_REQUEST),
+                ResponseFormat::JsonSchema {
+                    schema: json!({
+                        "type": "object",
+                        "properties": {"sentence": {"type": "string"}},
+                        "required": ["sentence"],
+                        "additionalProperties": false
+                    }),
+                },
+            ),
         ];
         // The larger model only on the short case, with one speculative setting (time).
         let small = alias == "smollm2-135m";
-        for (ci, (prompt, format)) in cases.iter().enumerate().take(if small { 2 } else { 1 }) {
+        for (ci, (prompt, format)) in cases.iter().enumerate().take(if small { 3 } else { 1 }) {
             let plain = run(&lm, prompt, format, 0, false);
             assert_eq!(
                 plain.finish_reason,
@@ -96,10 +113,15 @@ fn constrained_greedy_is_valid_json_and_speculation_exact() {
             let v: Value = serde_json::from_str(plain.text.trim())
                 .unwrap_or_else(|e| panic!("{alias} case {ci}: not JSON ({e}): {}", plain.text));
             assert!(v.is_object(), "{alias} case {ci}: {v}");
-            if let ResponseFormat::JsonSchema { .. } = format {
-                let o = v.as_object().unwrap();
+            let o = v.as_object().unwrap();
+            if ci == 0 {
                 assert!(o["name"].is_string() && o["age"].is_u64() && o["skills"].is_array());
                 assert_eq!(o.len(), 3, "{alias}: no other keys: {v}");
+            }
+            if ci == 2 {
+                let sentence = o["sentence"].as_str().unwrap_or("");
+                assert!(sentence.starts_with("The Rhine flows"), "{alias}: {v}");
+                assert_eq!(o.len(), 1, "{alias}: no other keys: {v}");
             }
             let settings: &[(usize, bool)] = if small {
                 &[(4, false), (8, false), (8, true)]
@@ -112,8 +134,9 @@ fn constrained_greedy_is_valid_json_and_speculation_exact() {
                     plain.token_ids, spec.token_ids,
                     "{alias} case {ci} K={k} tree={tree}: speculation changed constrained output"
                 );
-                if ci == 1 {
-                    // Extraction copies from the document: drafts still pay under the grammar.
+                if ci == 2 {
+                    // The answer copies a sentence of the text: drafts still land under the
+                    // grammar.
                     assert!(
                         spec.stats.accepted_tokens > 0,
                         "{alias} K={k}: {:?}",

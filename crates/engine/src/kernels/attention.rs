@@ -148,7 +148,7 @@ fn attend_visible(
     scores.resize(group * len, 0.0);
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+        if isa.avx512() && hd % 16 == 0 {
             // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
             // multiple of 16; every key and value read lies inside the checked span; one row.
             let bits = [visible.map_or(0, |v| v.bits)];
@@ -195,7 +195,7 @@ pub fn attend_rows(
         "one mask per row"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && hd % 16 == 0 {
+    if isa.avx512() && hd % 16 == 0 {
         kv.check();
         scores.clear();
         scores.resize(rows * (gw / hd) * len, 0.0);

@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX-512 F, VL and BW without VNNI: the packed products and the AVX-512 attention, with
+    /// `vpmaddubsw` + `vpmaddwd` where VNNI has `vpdpbusd`.
+    Avx512,
     Avx512Vnni,
 }
 
@@ -23,9 +26,12 @@ impl Isa {
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
             {
-                return Isa::Avx512Vnni;
+                return if is_x86_feature_detected!("avx512vnni") {
+                    Isa::Avx512Vnni
+                } else {
+                    Isa::Avx512
+                };
             }
             if base {
                 return Isa::Avx2;
@@ -40,13 +46,20 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => best != Isa::Scalar,
+            Isa::Avx512 => best.avx512(),
             Isa::Avx512Vnni => best == Isa::Avx512Vnni,
         }
     }
 
+    /// Whether the kernels of `self` use AVX-512: the packed (interleaved) weight layout and the
+    /// AVX-512 attention.
+    pub fn avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Avx512Vnni)
+    }
+
     /// Every implementation this CPU can run (for tests).
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni]
             .into_iter()
             .filter(|i| i.is_available())
             .collect()
@@ -69,7 +82,8 @@ pub(super) fn assert_available(isa: Isa) {
     );
 }
 
-/// The implementation in use: the best the CPU has, or `PLD_KERNEL=scalar|avx2` to force one.
+/// The implementation in use: the best the CPU has, or `PLD_KERNEL=scalar|avx2|avx512` to force a
+/// simpler one (`avx512`: no VNNI).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
@@ -77,6 +91,7 @@ pub fn isa() -> Isa {
         match std::env::var("PLD_KERNEL").as_deref() {
             Ok("scalar") => Isa::Scalar,
             Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            Ok("avx512") if best.avx512() => Isa::Avx512,
             _ => best,
         }
     })

@@ -2,7 +2,7 @@
 //! float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU, attention).
 //!
 //! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) have our own kernels
-//! (`quant` in plain Rust, `x86` with AVX2 or AVX-512 VNNI chosen at run time): activations are
+//! (`quant` in plain Rust, `x86` with AVX2, AVX-512 or AVX-512 VNNI chosen at run time): activations are
 //! quantized once per product to 8 bits per 32 values, and every weight sub-block is decoded once
 //! and applied to all activation rows while it is in registers. Other formats (F32, F16, Q5_1,
 //! Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output element's value
@@ -10,7 +10,7 @@
 //! bit-identical logits.
 //!
 //! `format` describes each of our formats once; `quant` quantizes activations and has the plain
-//! products; `packed` interleaves weights for the AVX-512 kernels; `x86` has the SIMD kernels by
+//! products; `packed` interleaves weights for the AVX-512 kernels (with or without VNNI); `x86` has the SIMD kernels by
 //! family; this file, `attention` and `elementwise` choose among them. Imports go that way only,
 //! except that x86's attention kernels take `KvHead` and call `softmax` from above.
 //!
@@ -101,7 +101,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         assert_eq!(out.len(), m * w.rows, "output shape");
         match Format::from_ggml(w.dtype) {
             Some(f) if w.cols % f.act_block() == 0 => {
-                if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
+                if let (Some(p), true) = (&w.packed, isa.avx512()) {
                     // The packed kernel reads the activations over the packed copy's columns.
                     assert!(
                         p.format == f && p.rows == w.rows && p.cols == w.cols,
@@ -154,7 +154,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             let (f, w, out_ptr) = own[ji];
             let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
             #[cfg(target_arch = "x86_64")]
-            if let (Some(p), Isa::Avx512Vnni) = (&w.packed, isa) {
+            if let (Some(p), true) = (&w.packed, isa.avx512()) {
                 // Blocks of activation rows small enough to stay in L2 while every weight group
                 // of the work item passes over them; prefill-sized products go eight rows at a
                 // time over every group of the item (whose weights then stay in L2), so that each
@@ -168,12 +168,18 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                     let rows = block.min(m - r0);
                     for g in j0 / packed::ROWS..j1 / packed::ROWS {
                         let at = r0 * w.rows + g * packed::ROWS;
-                        // SAFETY: the CPU has AVX-512 VNNI (the `isa` asserted above); `a` holds
-                        // the m rows quantized over w.cols = p.cols columns in the format's
-                        // blocks; the writes, rows r0..r0 + rows at columns 16g..16g + 16, stay
-                        // inside `out` (m * n) and belong to this work item alone.
+                        // SAFETY: the CPU has AVX-512 (with VNNI for that `isa`; asserted
+                        // above); `a` holds the m rows quantized over w.cols = p.cols columns in
+                        // the format's blocks; the writes, rows r0..r0 + rows at columns
+                        // 16g..16g + 16, stay inside `out` (m * n) and belong to this work item
+                        // alone.
                         unsafe {
-                            x86::packed_rows(p, g, a, r0, rows, out_ptr.get().add(at), w.rows)
+                            let o = out_ptr.get().add(at);
+                            if isa == Isa::Avx512Vnni {
+                                x86::packed_rows_vnni(p, g, a, r0, rows, o, w.rows)
+                            } else {
+                                x86::packed_rows_avx512(p, g, a, r0, rows, o, w.rows)
+                            }
                         };
                     }
                 }
@@ -240,10 +246,11 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
     quant::dot_rows_scalar(f, wrow, acts, r0, out)
 }
 
-/// The packed kernel alone (for timing it): weight rows `16g..16g + 16` of the packed matrix `p`
-/// against activation rows `r0..r0 + m` of `acts`, quantized over `p.cols` columns in the
-/// format's activation blocks; row `r0 + r`'s sixteen results go to `out[r * stride..][..16]`.
-/// Panics unless the CPU has AVX-512 VNNI and the shapes agree.
+/// The packed kernel alone (for timing it), with the implementation in use: weight rows
+/// `16g..16g + 16` of the packed matrix `p` against activation rows `r0..r0 + m` of `acts`,
+/// quantized over `p.cols` columns in the format's activation blocks; row `r0 + r`'s sixteen
+/// results go to `out[r * stride..][..16]`. Panics unless the implementation in use is an AVX-512
+/// one and the shapes agree.
 pub fn packed_rows(
     p: &Packed,
     g: usize,
@@ -253,7 +260,12 @@ pub fn packed_rows(
     out: &mut [f32],
     stride: usize,
 ) {
-    assert_available(Isa::Avx512Vnni);
+    let isa = isa();
+    assert!(
+        isa.avx512(),
+        "the packed kernels need AVX-512 ({isa:?} in use)"
+    );
+    assert_available(isa);
     assert!(g < p.rows / packed::ROWS, "no group {g}");
     assert!(
         acts.k == p.cols && acts.block == p.format.act_block() && m <= acts.rows.saturating_sub(r0),
@@ -266,12 +278,17 @@ pub fn packed_rows(
         m == 0 || last_end.is_some_and(|end| end <= out.len()),
         "output too short"
     );
-    // SAFETY: the CPU has AVX-512 VNNI (asserted); `acts` holds rows r0..r0 + m over the packed
-    // columns in the format's blocks; every write, 16 floats at r * stride for r < m, is inside
-    // `out` (checked above).
+    // SAFETY: the CPU has the AVX-512 features of `isa` (asserted); `acts` holds rows r0..r0 + m
+    // over the packed columns in the format's blocks; every write, 16 floats at r * stride for
+    // r < m, is inside `out` (checked above).
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        x86::packed_rows(p, g, acts, r0, m, out.as_mut_ptr(), stride)
+        let o = out.as_mut_ptr();
+        if isa == Isa::Avx512Vnni {
+            x86::packed_rows_vnni(p, g, acts, r0, m, o, stride)
+        } else {
+            x86::packed_rows_avx512(p, g, acts, r0, m, o, stride)
+        }
     };
 }
 

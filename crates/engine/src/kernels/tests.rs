@@ -360,35 +360,84 @@ fn packed_kernels_match_the_natural_layout() {
                     );
                 }
             }
-            if !Isa::available().contains(&Isa::Avx512Vnni) {
-                continue;
-            }
-            let mat = plain.clone().packed_for(Isa::Avx512Vnni);
-            assert!(mat.packed.is_some());
-            let mut out = vec![0f32; m * rows];
-            matmul_with(Isa::Avx512Vnni, &x, m, &mat, &mut out);
-            for i in 0..m {
-                for j in 0..rows {
-                    let (a, b) = (out[i * rows + j], reference[i * rows + j]);
-                    assert!(
-                        (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
-                        "{dtype:?} m={m} ({i},{j}): packed kernel {a} vs reference {b}"
+            // Every AVX-512 kernel the CPU runs (with and without VNNI) against the reference,
+            // bit-identical to each other and a row alone to the row in a batch.
+            let mut first: Option<(Isa, Vec<f32>)> = None;
+            for isa in Isa::available().into_iter().filter(|i| i.avx512()) {
+                let mat = plain.clone().packed_for(isa);
+                assert!(mat.packed.is_some());
+                let mut out = vec![0f32; m * rows];
+                matmul_with(isa, &x, m, &mat, &mut out);
+                for i in 0..m {
+                    for j in 0..rows {
+                        let (a, b) = (out[i * rows + j], reference[i * rows + j]);
+                        assert!(
+                            (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
+                            "{isa:?} {dtype:?} m={m} ({i},{j}): packed kernel {a} vs reference {b}"
+                        );
+                    }
+                }
+                for i in 0..m {
+                    let mut one = vec![0f32; rows];
+                    matmul_with(isa, &x[i * cols..(i + 1) * cols], 1, &mat, &mut one);
+                    assert_eq!(
+                        one,
+                        out[i * rows..(i + 1) * rows],
+                        "{isa:?} {dtype:?} m={m} row {i}"
                     );
                 }
+                match &first {
+                    Some((other, o)) => {
+                        assert_eq!(o, &out, "{dtype:?} m={m}: {isa:?} vs {other:?}")
+                    }
+                    None => first = Some((isa, out)),
+                }
             }
-            for i in 0..m {
-                let mut one = vec![0f32; rows];
-                matmul_with(
-                    Isa::Avx512Vnni,
-                    &x[i * cols..(i + 1) * cols],
-                    1,
-                    &mat,
-                    &mut one,
-                );
-                assert_eq!(
-                    one,
-                    out[i * rows..(i + 1) * rows],
-                    "{dtype:?} m={m} row {i}"
+        }
+    }
+}
+
+/// The largest integer products the packed kernels meet: weights at the ends of their range with
+/// activations of the same sign at +-127 (the case where `vpmaddubsw`, which the AVX-512 kernels
+/// without VNNI use, would saturate if a pair left 16 bits). Every AVX-512 kernel gives the plain
+/// kernel's results.
+#[test]
+fn packed_kernels_exact_at_extreme_values() {
+    let packed_isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|i| i.avx512())
+        .collect();
+    if packed_isas.is_empty() {
+        println!("skipped: this CPU has no AVX-512 (F, VL, BW)");
+        return;
+    }
+    for &dtype in OWN.iter() {
+        let (rows, cols) = (32, 512);
+        // Row j: every weight +-1 with a sign pattern; activations carry the pattern of row 0,
+        // so row 0's products are all at the top of the range, row 1's mixed.
+        let sign = |j: usize, t: usize| {
+            if (t * 7 + j * (t % 3)) % 5 < 2 {
+                -1.0
+            } else {
+                1.0
+            }
+        };
+        let w: Vec<f32> = (0..rows * cols).map(|i| sign(i / cols, i % cols)).collect();
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| sign(0, i % cols) * if i < cols { 1.0 } else { -1.0 })
+            .collect();
+        let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
+        let mut scalar = vec![0f32; 2 * rows];
+        matmul_with(Isa::Scalar, &x, 2, &mat, &mut scalar);
+        for &isa in &packed_isas {
+            let m = mat.clone().packed_for(isa);
+            assert!(m.packed.is_some(), "{dtype:?} packs");
+            let mut out = vec![0f32; 2 * rows];
+            matmul_with(isa, &x, 2, &m, &mut out);
+            for (j, (a, s)) in out.iter().zip(&scalar).enumerate() {
+                assert!(
+                    (a - s).abs() <= 1e-4 * s.abs().max(1.0),
+                    "{isa:?} {dtype:?} output {j}: {a} vs {s}"
                 );
             }
         }
@@ -649,7 +698,7 @@ fn tree_rows_equal_their_path_alone() {
 /// one to try).
 #[test]
 fn an_isa_the_cpu_lacks_is_refused() {
-    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx2]
+    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2]
         .iter()
         .find(|i| !i.is_available())
     else {

@@ -13,7 +13,7 @@ mod products;
 
 pub(crate) use attention::{attend_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
-pub(crate) use packed::packed_rows;
+pub(crate) use packed::{packed_rows_avx512, packed_rows_vnni};
 pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
 
 // The formats as the kernels' const parameters (see `Format::from_code`).

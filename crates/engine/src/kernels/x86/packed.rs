@@ -1,5 +1,7 @@
-//! AVX-512 VNNI products over weights in the interleaved layout of `kernels::packed`: one
-//! `vpdpbusd` advances sixteen rows' dot products by four products each.
+//! AVX-512 products over weights in the interleaved layout of `kernels::packed`: one `vpdpbusd`
+//! advances sixteen rows' dot products by four products each. CPUs with AVX-512 BW but without
+//! VNNI run the same kernels with `vpmaddubsw` + `vpmaddwd` in its place (`dp4`); the integer sums,
+//! and so every result, are the same bit for bit.
 
 // The tiles address several arrays and pointers by row (or column) index. They keep their index
 // loops: iterator forms change the code generated for these kernels.
@@ -25,6 +27,30 @@ unsafe fn bcast4(p: *const i8) -> __m512i {
     _mm512_set1_epi32((p as *const i32).read_unaligned())
 }
 
+/// `acc + ` the sums of four products `w * x` per 32-bit lane (`w` unsigned, `x` signed bytes):
+/// one `vpdpbusd` with VNNI, else `vpmaddubsw` and `vpmaddwd`. The pairs `vpmaddubsw` adds stay in
+/// 16 bits for every weight below 128 (the 4-, 5- and 6-bit values) against activations within
+/// +-127, so both give the same integers. (Q8_0's bytes, up to 255, take `dp4_signed` instead.)
+#[inline(always)]
+unsafe fn dp4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    if VNNI {
+        _mm512_dpbusd_epi32(acc, w, x)
+    } else {
+        let pairs = _mm512_maddubs_epi16(w, x);
+        _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+    }
+}
+
+/// Without VNNI: `acc + ` the sums of four products of signed bytes `w * x` per lane, given `|w|`
+/// and the lanes where `w` is negative: `x` takes `w`'s sign, so that `vpmaddubsw` multiplies the
+/// unsigned `|w|` (at most 128) by it and no pair leaves 16 bits.
+#[inline(always)]
+unsafe fn dp4_signed(acc: __m512i, w_abs: __m512i, w_neg: __mmask64, x: __m512i) -> __m512i {
+    let x = _mm512_mask_sub_epi8(x, w_neg, _mm512_setzero_si512(), x);
+    let pairs = _mm512_maddubs_epi16(w_abs, x);
+    _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+}
+
 /// Sixteen f16 values at `p` as floats.
 #[inline(always)]
 unsafe fn f16x16(p: *const u8) -> __m512 {
@@ -42,7 +68,7 @@ const fn split_chains<const MR: usize>() -> bool {
 /// One step of eight columns: `lo` holds each lane's first four columns, `hi` the next four;
 /// activation row `r`'s eight bytes are at `x + r * k`.
 #[inline(always)]
-unsafe fn nibble_step<const MR: usize>(
+unsafe fn nibble_step<const VNNI: bool, const MR: usize>(
     a: &mut [__m512i; MR],
     a2: &mut [__m512i; MR],
     lo: __m512i,
@@ -52,11 +78,11 @@ unsafe fn nibble_step<const MR: usize>(
 ) {
     for r in 0..MR {
         let xp = x.add(r * k);
-        a[r] = _mm512_dpbusd_epi32(a[r], lo, bcast4(xp));
+        a[r] = dp4::<VNNI>(a[r], lo, bcast4(xp));
         if split_chains::<MR>() {
-            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast4(xp.add(4)));
+            a2[r] = dp4::<VNNI>(a2[r], hi, bcast4(xp.add(4)));
         } else {
-            a[r] = _mm512_dpbusd_epi32(a[r], hi, bcast4(xp.add(4)));
+            a[r] = dp4::<VNNI>(a[r], hi, bcast4(xp.add(4)));
         }
     }
 }
@@ -96,7 +122,7 @@ unsafe fn store_rows<const MR: usize>(acc: &[__m512; MR], out: *mut f32, stride:
 /// Packed Q4_K (see `packed`): the sixteen rows of one group against activation rows
 /// `r0..r0 + MR`; row `r`'s sixteen results go to `out + r * stride`.
 #[inline(always)]
-unsafe fn packed_q4k<const MR: usize>(
+unsafe fn packed_q4k<const VNNI: bool, const MR: usize>(
     group: &[u8],
     nsb: usize,
     acts: &QuantizedActs,
@@ -130,7 +156,7 @@ unsafe fn packed_q4k<const MR: usize>(
                 let lo = _mm512_and_si512(v, low);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 let x = q.add(r0 * k + s * 256 + 32 * j + 8 * u);
-                nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
+                nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
             }
             let sc = _mm512_mul_ps(sc, d);
             let mn = _mm512_mul_ps(mn, dmin);
@@ -161,7 +187,7 @@ unsafe fn q6_high<const I: u32>(h: __m512i) -> __m512i {
 
 /// Packed Q6_K (see `packed`), as `packed_q4k`.
 #[inline(always)]
-unsafe fn packed_q6k<const MR: usize>(
+unsafe fn packed_q6k<const VNNI: bool, const MR: usize>(
     group: &[u8],
     nsb: usize,
     acts: &QuantizedActs,
@@ -197,7 +223,7 @@ unsafe fn packed_q6k<const MR: usize>(
                 let lo = _mm512_or_si512(_mm512_and_si512(v, low), hl);
                 let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), hh);
                 let x = q.add(r0 * k + s * 256 + 16 * t + 8 * u);
-                nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
+                nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
             }
             let sc = _mm512_mul_ps(sc, d);
             for r in 0..MR {
@@ -237,7 +263,7 @@ unsafe fn q5_high(h: __m512i, bit: u32) -> __m512i {
 /// format's offset per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer
 /// activation sum out before scaling).
 #[inline(always)]
-unsafe fn packed32<const F: u8, const MR: usize>(
+unsafe fn packed32<const VNNI: bool, const F: u8, const MR: usize>(
     group: &[u8],
     units: usize,
     acts: &QuantizedActs,
@@ -274,13 +300,21 @@ unsafe fn packed32<const F: u8, const MR: usize>(
             if F == Q8_0 {
                 for u in 0..8 {
                     let w = _mm512_loadu_si512(blk.add(values + 512 * h + 64 * u) as *const _);
+                    // Without VNNI: the signed bytes (stored plus 128), as |w| and sign.
+                    let signed = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                    let (w_abs, w_neg) = (_mm512_abs_epi8(signed), _mm512_movepi8_mask(signed));
                     for r in 0..MR {
                         let xp = q.add((r0 + r) * k + x0 + 4 * u);
-                        if split_chains::<MR>() && u % 2 == 1 {
-                            a2[r] = _mm512_dpbusd_epi32(a2[r], w, bcast4(xp));
+                        let chain = if split_chains::<MR>() && u % 2 == 1 {
+                            &mut a2[r]
                         } else {
-                            a[r] = _mm512_dpbusd_epi32(a[r], w, bcast4(xp));
-                        }
+                            &mut a[r]
+                        };
+                        *chain = if VNNI {
+                            dp4::<VNNI>(*chain, w, bcast4(xp))
+                        } else {
+                            dp4_signed(*chain, w_abs, w_neg, bcast4(xp))
+                        };
                     }
                 }
             } else {
@@ -298,13 +332,14 @@ unsafe fn packed32<const F: u8, const MR: usize>(
                         hi = _mm512_or_si512(hi, q5_high(high, 2 * u as u32 + 1));
                     }
                     let x = q.add(r0 * k + x0 + 8 * u);
-                    nibble_step::<MR>(&mut a, &mut a2, lo, hi, x, k);
+                    nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
                 }
             }
             for r in 0..MR {
                 let bi = ((r0 + r) * k + x0) / 32;
                 let mut sum = chain_sum::<MR>(&a, &a2, r);
-                if F == Q8_0 {
+                if F == Q8_0 && VNNI {
+                    // The unsigned products counted each activation 128 times too often.
                     let bias = *acts.isums.get_unchecked(bi) << 7;
                     sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(bias));
                 }
@@ -321,7 +356,7 @@ unsafe fn packed32<const F: u8, const MR: usize>(
 }
 
 #[inline(always)]
-unsafe fn packed_tile<const MR: usize>(
+unsafe fn packed_tile<const VNNI: bool, const MR: usize>(
     p: &Packed,
     g: usize,
     acts: &QuantizedActs,
@@ -332,25 +367,18 @@ unsafe fn packed_tile<const MR: usize>(
     let group = p.group(g);
     let n = p.units();
     match p.format {
-        Format::Q4K => packed_q4k::<MR>(group, n, acts, r0, out, stride),
-        Format::Q6K => packed_q6k::<MR>(group, n, acts, r0, out, stride),
-        Format::Q4_0 => packed32::<Q4_0, MR>(group, n, acts, r0, out, stride),
-        Format::Q4_1 => packed32::<Q4_1, MR>(group, n, acts, r0, out, stride),
-        Format::Q5_0 => packed32::<Q5_0, MR>(group, n, acts, r0, out, stride),
-        Format::Q8_0 => packed32::<Q8_0, MR>(group, n, acts, r0, out, stride),
+        Format::Q4K => packed_q4k::<VNNI, MR>(group, n, acts, r0, out, stride),
+        Format::Q6K => packed_q6k::<VNNI, MR>(group, n, acts, r0, out, stride),
+        Format::Q4_0 => packed32::<VNNI, Q4_0, MR>(group, n, acts, r0, out, stride),
+        Format::Q4_1 => packed32::<VNNI, Q4_1, MR>(group, n, acts, r0, out, stride),
+        Format::Q5_0 => packed32::<VNNI, Q5_0, MR>(group, n, acts, r0, out, stride),
+        Format::Q8_0 => packed32::<VNNI, Q8_0, MR>(group, n, acts, r0, out, stride),
     }
 }
 
-/// The sixteen rows of group `g` of a packed matrix against activation rows `r0..r0 + m`: row
-/// `r0 + r`'s results go to `out[r * stride..][..16]`. Up to eight activation rows share each pass
-/// over the group's weights; every row sees the same operations whatever tile it is in.
-///
-/// # Safety
-/// The CPU must have AVX-512 F, VL, BW and VNNI (and AVX2, FMA, F16C); `acts` holds rows
-/// `r0..r0 + m` quantized over `p.cols` columns in the blocks the format wants; `out` is valid for writes of
-/// `(m - 1) * stride + 16` floats.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub(crate) unsafe fn packed_rows(
+/// `packed_rows_vnni` / `packed_rows_avx512` with the product step as a parameter.
+#[inline(always)]
+unsafe fn packed_rows<const VNNI: bool>(
     p: &Packed,
     g: usize,
     acts: &QuantizedActs,
@@ -364,15 +392,53 @@ pub(crate) unsafe fn packed_rows(
         let o = out.add(r * stride);
         let n = (m - r).min(8);
         match n {
-            8 => packed_tile::<8>(p, g, acts, r0 + r, o, stride),
-            7 => packed_tile::<7>(p, g, acts, r0 + r, o, stride),
-            6 => packed_tile::<6>(p, g, acts, r0 + r, o, stride),
-            5 => packed_tile::<5>(p, g, acts, r0 + r, o, stride),
-            4 => packed_tile::<4>(p, g, acts, r0 + r, o, stride),
-            3 => packed_tile::<3>(p, g, acts, r0 + r, o, stride),
-            2 => packed_tile::<2>(p, g, acts, r0 + r, o, stride),
-            _ => packed_tile::<1>(p, g, acts, r0 + r, o, stride),
+            8 => packed_tile::<VNNI, 8>(p, g, acts, r0 + r, o, stride),
+            7 => packed_tile::<VNNI, 7>(p, g, acts, r0 + r, o, stride),
+            6 => packed_tile::<VNNI, 6>(p, g, acts, r0 + r, o, stride),
+            5 => packed_tile::<VNNI, 5>(p, g, acts, r0 + r, o, stride),
+            4 => packed_tile::<VNNI, 4>(p, g, acts, r0 + r, o, stride),
+            3 => packed_tile::<VNNI, 3>(p, g, acts, r0 + r, o, stride),
+            2 => packed_tile::<VNNI, 2>(p, g, acts, r0 + r, o, stride),
+            _ => packed_tile::<VNNI, 1>(p, g, acts, r0 + r, o, stride),
         }
         r += n;
     }
+}
+
+/// The sixteen rows of group `g` of a packed matrix against activation rows `r0..r0 + m`: row
+/// `r0 + r`'s results go to `out[r * stride..][..16]`. Up to eight activation rows share each pass
+/// over the group's weights; every row sees the same operations whatever tile it is in.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, VL, BW and VNNI (and AVX2, FMA, F16C); `acts` holds rows
+/// `r0..r0 + m` quantized over `p.cols` columns in the blocks the format wants; `out` is valid for
+/// writes of `(m - 1) * stride + 16` floats.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(crate) unsafe fn packed_rows_vnni(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    packed_rows::<true>(p, g, acts, r0, m, out, stride)
+}
+
+/// `packed_rows_vnni` for CPUs with AVX-512 BW but without VNNI: the same results, bit for bit.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, VL and BW (and AVX2, FMA, F16C); otherwise as `packed_rows_vnni`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+pub(crate) unsafe fn packed_rows_avx512(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    packed_rows::<false>(p, g, acts, r0, m, out, stride)
 }
