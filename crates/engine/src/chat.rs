@@ -6,6 +6,21 @@ use crate::error::{EngineError, Result};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+/// Where a rendered conversation ends (`LoadedModel::render_chat_ending`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PromptEnd {
+    /// As llama.cpp's server does: a last assistant message (without tool calls) is a prefill the
+    /// reply continues; otherwise the assistant's next turn is opened.
+    #[default]
+    Auto,
+    /// The assistant's next turn is opened, whatever the last message (`add_generation_prompt`).
+    NextTurn,
+    /// The last message, an assistant's, is continued (vLLM's `continue_final_message`).
+    ContinueLast,
+    /// The conversation as it is, no turn opened (`add_generation_prompt: false`).
+    AsIs,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,

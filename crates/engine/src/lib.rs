@@ -17,7 +17,7 @@ pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatTemplate, Message, PromptEnd};
 pub use error::{EngineError, Result};
 pub use generate::{
     generate, step, BySource, FinishReason, GenerationConfig, GenerationOutput, Sequence,
@@ -90,40 +90,71 @@ impl LoadedModel {
         self.render_chat_with_tools(messages, &[])
     }
 
-    /// `render_chat` offering the model functions to call (see `ChatTemplate::render_with_tools`).
-    /// A template that ignores `tools` would leave the model unaware of them: that is an error.
-    ///
-    /// A last message from the assistant (without tool calls) is a prefill, as in llama.cpp's
-    /// server: the conversation before it is rendered up to the assistant's turn and its text
-    /// follows, so the reply continues it.
+    /// `render_chat` offering the model functions to call (see `ChatTemplate::render_with_tools`),
+    /// ending as `PromptEnd::Auto` says. A template that ignores `tools` would leave the model
+    /// unaware of them: that is an error.
     pub fn render_chat_with_tools(
         &self,
         messages: &[Message],
         tools: &[serde_json::Value],
     ) -> Result<String> {
-        match messages.split_last() {
-            Some((last, before)) if last.role == "assistant" && last.tool_calls.is_none() => {
-                let mut prompt = self.render_turns(before, tools)?;
-                prompt.push_str(&last.content);
-                Ok(prompt)
-            }
-            _ => self.render_turns(messages, tools),
-        }
+        self.render_chat_ending(messages, tools, PromptEnd::Auto)
     }
 
-    /// The conversation rendered up to the assistant's next turn.
-    fn render_turns(&self, messages: &[Message], tools: &[serde_json::Value]) -> Result<String> {
+    /// The prompt text for a conversation, ending where `end` says.
+    pub fn render_chat_ending(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        end: PromptEnd,
+    ) -> Result<String> {
+        let open_last = match messages.split_last() {
+            Some((last, _)) => last.role == "assistant" && last.tool_calls.is_none(),
+            None => false,
+        };
+        let continue_last = match end {
+            PromptEnd::Auto => open_last,
+            PromptEnd::ContinueLast if !open_last => return Err(EngineError::ChatTemplate(
+                "continuing the final message needs an assistant message (without tool calls) last"
+                    .into(),
+            )),
+            PromptEnd::ContinueLast => true,
+            PromptEnd::NextTurn | PromptEnd::AsIs => false,
+        };
+        if !continue_last {
+            return self.render_turns(messages, tools, end != PromptEnd::AsIs);
+        }
+        let (last, before) = messages.split_last().expect("a last message");
+        if before.last().is_some_and(|m| m.role == "assistant") {
+            return Err(EngineError::ChatTemplate(
+                "the conversation ends with two assistant messages: only one can be continued"
+                    .into(),
+            ));
+        }
+        let mut prompt = self.render_turns(before, tools, true)?;
+        prompt.push_str(&last.content);
+        Ok(prompt)
+    }
+
+    /// The conversation rendered by the template, up to the assistant's next turn when
+    /// `add_generation_prompt`.
+    fn render_turns(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         match &self.chat_template {
             Some(t) if !tools.is_empty() => {
-                let with = t.render_with_tools(messages, tools, true)?;
-                if with == t.render(messages, true)? {
+                let with = t.render_with_tools(messages, tools, add_generation_prompt)?;
+                if with == t.render(messages, add_generation_prompt)? {
                     return Err(EngineError::ChatTemplate(
                         "the model's chat template does not take tools".into(),
                     ));
                 }
                 Ok(with)
             }
-            Some(t) => t.render(messages, true),
+            Some(t) => t.render(messages, add_generation_prompt),
             None => Err(EngineError::ChatTemplate(
                 "the model has no chat template (tokenizer.chat_template): it is a base model, give it plain text (pld generate without --chat, or /v1/completions)".into(),
             )),

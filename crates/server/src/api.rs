@@ -16,8 +16,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use drafting::SpecOverrides;
 use engine::{
-    FinishReason, GenerationConfig, LoadedModel, Message, ResponseFormat, SamplingParams,
-    TokenLogprob,
+    FinishReason, GenerationConfig, LoadedModel, Message, PromptEnd, ResponseFormat,
+    SamplingParams, TokenLogprob,
 };
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
@@ -264,6 +264,28 @@ struct ChatFields {
     messages: Vec<ChatMessage>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    /// vLLM's settings for where the prompt ends (see `PromptEnd`).
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+}
+
+impl ChatFields {
+    fn prompt_end(&self) -> Result<PromptEnd, ApiError> {
+        Ok(
+            match (self.add_generation_prompt, self.continue_final_message) {
+                (Some(true), Some(true)) => {
+                    return Err(ApiError::bad_request(
+                        "add_generation_prompt and continue_final_message cannot both be true",
+                        Some("continue_final_message"),
+                    ))
+                }
+                (_, Some(true)) => PromptEnd::ContinueLast,
+                (Some(false), _) => PromptEnd::AsIs,
+                (Some(true), _) => PromptEnd::NextTurn,
+                (None, _) => PromptEnd::Auto,
+            },
+        )
+    }
 }
 
 /// The fields only text completions have.
@@ -605,7 +627,7 @@ async fn chat_completions(
         let offered = tools.as_ref().map_or(&[][..], |t| t.offered());
         let prompt = state
             .lm
-            .render_chat_with_tools(&messages, offered)
+            .render_chat_ending(&messages, offered, req.prompt_end()?)
             .map_err(|e| {
                 let param = if offered.is_empty() { "messages" } else { "tools" };
                 ApiError::bad_request(e.to_string(), Some(param))
@@ -800,7 +822,13 @@ impl Kind {
     /// The fields of this endpoint's requests that pld reads.
     fn fields(self) -> &'static [&'static str] {
         match self {
-            Kind::Chat => &["messages", "tools", "tool_choice"],
+            Kind::Chat => &[
+                "messages",
+                "tools",
+                "tool_choice",
+                "add_generation_prompt",
+                "continue_final_message",
+            ],
             Kind::Text => &["prompt"],
         }
     }

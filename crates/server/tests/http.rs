@@ -340,6 +340,42 @@ async fn bad_requests_get_openai_errors() {
         v["choices"][0]["message"]["content"], w["choices"][0]["text"],
         "{v} {w}"
     );
+    // vLLM's explicit form of the same, and what cannot be continued.
+    let turns = json!([{"role": "user", "content": question},
+                       {"role": "assistant", "content": prefill}]);
+    let ask = |extra: Value, messages: Value| {
+        let mut body = json!({"model": "smollm2-135m", "max_tokens": 8, "temperature": 0,
+            "messages": messages});
+        for (k, x) in extra.as_object().unwrap() {
+            body[k] = x.clone();
+        }
+        body
+    };
+    let body = ask(
+        json!({"continue_final_message": true, "add_generation_prompt": false}),
+        turns.clone(),
+    );
+    let (s, u) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{u}");
+    assert_eq!(
+        u["choices"][0]["message"]["content"],
+        v["choices"][0]["message"]["content"]
+    );
+    let both = json!({"continue_final_message": true, "add_generation_prompt": true});
+    let (s, u) = post(&base, "/v1/chat/completions", ask(both, turns.clone())).await;
+    assert_error(s, &u, 400);
+    assert_eq!(u["error"]["param"], "continue_final_message", "{u}");
+    let mut twice = turns.clone();
+    twice
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "3."}));
+    let (s, u) = post(&base, "/v1/chat/completions", ask(json!({}), twice)).await;
+    assert_error(s, &u, 400);
+    let no_assistant = json!([{"role": "user", "content": question}]);
+    let cont = json!({"continue_final_message": true});
+    let (s, u) = post(&base, "/v1/chat/completions", ask(cont, no_assistant)).await;
+    assert_error(s, &u, 400);
     let (s, v) = post(&base, "/v1/chat/completions", chat(&"word ".repeat(200), 4)).await;
     assert_error(s, &v, 400);
     let msg = v["error"]["message"].as_str().unwrap();
