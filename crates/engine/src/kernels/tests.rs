@@ -346,20 +346,22 @@ fn packed_kernels_match_the_natural_layout() {
                     reference[i * rows + g * 16..][..16].copy_from_slice(&o);
                 }
             }
-            let mag = |i: usize, j: usize| -> f32 {
-                (0..cols)
-                    .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
-                    .sum()
-            };
-            for i in 0..m {
-                for j in 0..rows {
-                    let (a, b) = (reference[i * rows + j], natural[i * rows + j]);
-                    assert!(
-                        (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
-                        "{dtype:?} m={m} ({i},{j}): packed reference {a} vs natural {b}"
-                    );
+            // `got` agrees with `want` to within float rounding of each output's products.
+            let assert_close = |got: &[f32], want: &[f32], what: &str| {
+                for i in 0..m {
+                    for j in 0..rows {
+                        let mag: f32 = (0..cols)
+                            .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
+                            .sum();
+                        let (a, b) = (got[i * rows + j], want[i * rows + j]);
+                        assert!(
+                            (a - b).abs() <= 1e-5 * mag + 1e-6,
+                            "{dtype:?} m={m} ({i},{j}): {what}: {a} vs {b}"
+                        );
+                    }
                 }
-            }
+            };
+            assert_close(&reference, &natural, "packed reference vs natural");
             // Every AVX-512 kernel the CPU runs (with and without VNNI) against the reference,
             // bit-identical to each other and a row alone to the row in a batch.
             let mut first: Option<(Isa, Vec<f32>)> = None;
@@ -368,15 +370,11 @@ fn packed_kernels_match_the_natural_layout() {
                 assert!(mat.packed.is_some());
                 let mut out = vec![0f32; m * rows];
                 matmul_with(isa, &x, m, &mat, &mut out);
-                for i in 0..m {
-                    for j in 0..rows {
-                        let (a, b) = (out[i * rows + j], reference[i * rows + j]);
-                        assert!(
-                            (a - b).abs() <= 1e-5 * mag(i, j) + 1e-6,
-                            "{isa:?} {dtype:?} m={m} ({i},{j}): packed kernel {a} vs reference {b}"
-                        );
-                    }
-                }
+                assert_close(
+                    &out,
+                    &reference,
+                    &format!("{isa:?} packed kernel vs reference"),
+                );
                 for i in 0..m {
                     let mut one = vec![0f32; rows];
                     matmul_with(isa, &x[i * cols..(i + 1) * cols], 1, &mat, &mut one);
