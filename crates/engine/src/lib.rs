@@ -108,23 +108,18 @@ impl LoadedModel {
         tools: &[serde_json::Value],
         end: PromptEnd,
     ) -> Result<String> {
-        let open_last = match messages.split_last() {
-            Some((last, _)) => last.role == "assistant" && last.tool_calls.is_none(),
-            None => false,
-        };
-        let continue_last = match end {
-            PromptEnd::Auto => open_last,
-            PromptEnd::ContinueLast if !open_last => return Err(EngineError::ChatTemplate(
+        // The last message, when it is one the reply could continue.
+        let open_last = messages
+            .split_last()
+            .filter(|(last, _)| last.role == "assistant" && last.tool_calls.is_none());
+        let (last, before) = match (end, open_last) {
+            (PromptEnd::Auto | PromptEnd::ContinueLast, Some(split)) => split,
+            (PromptEnd::ContinueLast, None) => return Err(EngineError::ChatTemplate(
                 "continuing the final message needs an assistant message (without tool calls) last"
                     .into(),
             )),
-            PromptEnd::ContinueLast => true,
-            PromptEnd::NextTurn | PromptEnd::AsIs => false,
+            _ => return self.render_turns(messages, tools, end != PromptEnd::AsIs),
         };
-        if !continue_last {
-            return self.render_turns(messages, tools, end != PromptEnd::AsIs);
-        }
-        let (last, before) = messages.split_last().expect("a last message");
         if before.last().is_some_and(|m| m.role == "assistant") {
             return Err(EngineError::ChatTemplate(
                 "the conversation ends with two assistant messages: only one can be continued"

@@ -47,9 +47,7 @@ fn matmul_matches_reference_for_every_format() {
             let wf = mat.dequantize();
             for i in 0..m {
                 for j in 0..rows {
-                    let mag: f32 = (0..cols)
-                        .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
-                        .sum();
+                    let mag = product_magnitude(&x, &wf, cols, i, j);
                     let (a, b) = (out[i * rows + j], reference[i * rows + j]);
                     assert!(
                         (a - b).abs() <= 0.02 * mag + 1e-4,
@@ -314,6 +312,13 @@ fn long_rows_match_the_scalar_reference() {
     }
 }
 
+/// The sum of |x[i, t] * w[j, t]| over the columns: the scale of output (i, j)'s rounding error.
+fn product_magnitude(x: &[f32], wf: &[f32], cols: usize, i: usize, j: usize) -> f32 {
+    (0..cols)
+        .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
+        .sum()
+}
+
 /// The interleaved layout (`packed`): its plain reference against the natural-layout scalar
 /// kernel, and the AVX-512 kernel against that reference, at awkward activation row counts (tiles
 /// of 8 plus every remainder); a row alone gives bit-identical results to the row in a batch.
@@ -350,9 +355,7 @@ fn packed_kernels_match_the_natural_layout() {
             let assert_close = |got: &[f32], want: &[f32], what: &str| {
                 for i in 0..m {
                     for j in 0..rows {
-                        let mag: f32 = (0..cols)
-                            .map(|t| (x[i * cols + t] * wf[j * cols + t]).abs())
-                            .sum();
+                        let mag = product_magnitude(&x, &wf, cols, i, j);
                         let (a, b) = (got[i * rows + j], want[i * rows + j]);
                         assert!(
                             (a - b).abs() <= 1e-5 * mag + 1e-6,

@@ -301,8 +301,12 @@ unsafe fn packed32<const VNNI: bool, const F: u8, const MR: usize>(
                 for u in 0..8 {
                     let w = _mm512_loadu_si512(blk.add(values + 512 * h + 64 * u) as *const _);
                     // Without VNNI: the signed bytes (stored plus 128), as |w| and sign.
-                    let signed = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
-                    let (w_abs, w_neg) = (_mm512_abs_epi8(signed), _mm512_movepi8_mask(signed));
+                    let (w_abs, w_neg) = if VNNI {
+                        (w, 0)
+                    } else {
+                        let signed = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                        (_mm512_abs_epi8(signed), _mm512_movepi8_mask(signed))
+                    };
                     for r in 0..MR {
                         let xp = q.add((r0 + r) * k + x0 + 4 * u);
                         let chain = if split_chains::<MR>() && u % 2 == 1 {
