@@ -29,9 +29,14 @@ fn main() {
     println!(
         "{threads} threads; fastest of 9 runs in ms (GB/s of weights read); last column GMAC/s"
     );
-    // Natural layout: every implementation but Avx512, which runs the AVX2 code there.
-    let natural: Vec<Isa> = isas.iter().copied().filter(|&i| i != Isa::Avx512).collect();
-    let packing: Vec<Isa> = isas.iter().copied().filter(|i| i.avx512()).collect();
+    // Natural layout: AVX2 and AVX-512 VNNI have kernels of their own there (the other classes
+    // run the AVX2 ones).
+    let natural: Vec<Isa> = isas
+        .iter()
+        .copied()
+        .filter(|&i| matches!(i, Isa::Scalar | Isa::Avx2 | Isa::Avx512Vnni))
+        .collect();
+    let packing: Vec<Isa> = isas.iter().copied().filter(|i| i.packs()).collect();
     println!("format m {natural:?} (then {packing:?} on the interleaved layout)");
     for dtype in [
         GgmlDType::Q4K,
@@ -49,7 +54,7 @@ fn main() {
         }
         let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
         // The interleaved copy, where the format has one: an extra column.
-        let packed = mat.clone().packed_for(Isa::Avx512);
+        let packed = mat.clone().packed_for(Isa::Avx2);
         let variants: Vec<(Isa, &QMatrix)> = natural
             .iter()
             .map(|&i| (i, &mat))

@@ -24,7 +24,7 @@ fn main() {
         Bytes::owned(&quantize(GgmlDType::Q4K, &w)),
     )
     .unwrap()
-    .packed_for(Isa::Avx512);
+    .packed_for(Isa::Avx2);
     let p = mat.packed.as_ref().expect("packed");
     let x: Vec<f32> = (0..m * cols)
         .map(|i| ((i * 31) % 100) as f32 / 50.0 - 1.0)

@@ -168,22 +168,28 @@ impl Model {
     /// embedding table contributes one row). Divided into the memory bandwidth, the fastest a
     /// bandwidth-bound decode can go.
     pub fn weight_bytes_per_token(&self) -> usize {
-        let size = |m: &QMatrix| m.bytes.as_slice().len();
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let (a, f) = (&l.attn, &l.mlp);
-                size(&a.wq)
-                    + size(&a.wk)
-                    + size(&a.wv)
-                    + size(&a.wo)
-                    + size(&f.gate)
-                    + size(&f.up)
-                    + size(&f.down)
-            })
+        let matrices: usize = self
+            .token_matrices()
+            .map(|m| m.bytes.as_slice().len())
             .sum();
-        layers + size(&self.output) + size(&self.token_embd) / self.token_embd.rows.max(1)
+        matrices + self.token_embd.bytes.as_slice().len() / self.token_embd.rows.max(1)
+    }
+
+    /// Multiply-adds of the matrix products per token: one per weight of every matrix it passes
+    /// through (its embedding is a lookup).
+    pub fn macs_per_token(&self) -> usize {
+        self.token_matrices().map(|m| m.rows * m.cols).sum()
+    }
+
+    /// Every matrix a token's pass multiplies by: each layer's projections and the output head.
+    fn token_matrices(&self) -> impl Iterator<Item = &QMatrix> {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                let (a, f) = (&l.attn, &l.mlp);
+                [&a.wq, &a.wk, &a.wv, &a.wo, &f.gate, &f.up, &f.down]
+            })
+            .chain(std::iter::once(&self.output))
     }
 
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).

@@ -1,5 +1,6 @@
-//! `pld bench forward`: the cost of one forward pass over 1..16 new tokens at a realistic cache
-//! length, and the decode rate.
+//! `pld bench forward`: the cost of one forward pass over 1..64 new tokens at a realistic cache
+//! length, the decode and prefill rates, and each beside its physical limit (memory bandwidth and
+//! the int8 peak, both measured in the same run).
 
 use super::results::{ForwardReport, ForwardRun, PassTiming};
 use clap::Args;
@@ -84,8 +85,12 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         println!("{} threads ({} tokens in cache):", r.threads, r.context);
         for p in &r.passes {
             println!(
-                "  pass over {:>2} tokens: {:8.2} ms  ({:.2}x one token)",
-                p.tokens, p.ms, p.ratio_to_one
+                "  pass over {:>2} tokens: {:8.2} ms  ({:.2}x one token; limit {:.2} ms, {:.0}% of it)",
+                p.tokens,
+                p.ms,
+                p.ratio_to_one,
+                p.limit_ms,
+                100.0 * p.share_of_limit
             );
         }
         println!(
@@ -95,8 +100,16 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             r.bandwidth_bound_tokens_per_s,
             r.bandwidth_gb_s
         );
+        let compute = match (r.int8_peak_gmacs, r.prefill_fraction_of_compute_limit) {
+            (Some(p), Some(f)) => format!(
+                " = {:.0}% of the compute limit ({:.1} tokens/s at {p:.0} G int8 multiply-adds/s)",
+                100.0 * f,
+                p * 1e9 / r.macs_per_token as f64
+            ),
+            _ => String::new(),
+        };
         println!(
-            "  prefill of {} tokens: {:.1} tokens/s",
+            "  prefill of {} tokens: {:.1} tokens/s{compute}",
             r.prefill_tokens, r.prefill_tokens_per_s
         );
     }
@@ -108,8 +121,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let threads = crate::common::init_threads(Some(threads))?;
     let lm = crate::common::load_model(&a.model)?;
     let model = &lm.model;
-    let sizes = [1usize, 2, 4, 8, 16];
-    let capacity = (a.context + 64 + 16).max(a.prefill_tokens + 1);
+    let sizes = [1usize, 2, 4, 8, 16, 32, 64];
+    let capacity = (a.context + 64 + 64).max(a.prefill_tokens + 1);
     if capacity > model.config.context_len {
         anyhow::bail!(
             "--context {} / --prefill-tokens {} do not fit the model's context of {}",
@@ -176,6 +189,13 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let weight_bytes = model.weight_bytes_per_token();
     let gb_s = engine::kernels::read_bandwidth((2 * weight_bytes).max(1 << 30));
     let bound = gb_s * 1e9 / weight_bytes as f64;
+    let macs = model.macs_per_token();
+    let peak = engine::kernels::int8_peak_gmacs();
+    let limit_ms = |tokens: usize| {
+        let memory = weight_bytes as f64 / (gb_s * 1e9);
+        let compute = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
+        memory.max(compute) * 1e3
+    };
     let one = passes[0].1;
     Ok(ForwardRun {
         model: lm.name.clone(),
@@ -189,6 +209,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
                 tokens,
                 ms,
                 ratio_to_one: ms / one,
+                limit_ms: limit_ms(tokens),
+                share_of_limit: limit_ms(tokens) / ms,
             })
             .collect(),
         decode_tokens_per_s: decode_tps,
@@ -198,5 +220,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         bandwidth_gb_s: gb_s,
         bandwidth_bound_tokens_per_s: bound,
         decode_fraction_of_bound: decode_tps / bound,
+        macs_per_token: macs,
+        int8_peak_gmacs: peak,
+        prefill_fraction_of_compute_limit: peak.map(|p| prefill_tps / (p * 1e9 / macs as f64)),
     })
 }

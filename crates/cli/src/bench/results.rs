@@ -145,6 +145,13 @@ pub struct PassTiming {
     pub tokens: usize,
     pub ms: f64,
     pub ratio_to_one: f64,
+    /// The physical limit of this pass: max(weight bytes / bandwidth, tokens x multiply-adds per
+    /// token / int8 peak), in ms (the bandwidth term alone where there is no int8 peak).
+    #[serde(default)]
+    pub limit_ms: f64,
+    /// `limit_ms / ms`: 1.0 is at the limit.
+    #[serde(default)]
+    pub share_of_limit: f64,
 }
 
 /// Every figure of `bench forward` at one thread count.
@@ -163,6 +170,14 @@ pub struct ForwardRun {
     pub bandwidth_gb_s: f64,
     pub bandwidth_bound_tokens_per_s: f64,
     pub decode_fraction_of_bound: f64,
+    /// Multiply-adds of the matrix products per token.
+    #[serde(default)]
+    pub macs_per_token: usize,
+    /// The int8 multiply-add peak of the kernels in use over these threads, G/s (absent for the
+    /// plain kernels).
+    pub int8_peak_gmacs: Option<f64>,
+    /// Prefill rate over the compute limit (int8 peak / multiply-adds per token).
+    pub prefill_fraction_of_compute_limit: Option<f64>,
 }
 
 /// `bench forward --json`: the run with the most threads at the top level, every run in `runs`.

@@ -29,3 +29,48 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
     }
     (words.len() * 8) as f64 / best / 1e9
 }
+
+/// The int8 multiply-add peak of the implementation in use, in G multiply-adds per second over
+/// the pool's threads: every thread runs a register-resident loop of the step the packed kernels
+/// sum products with (`vpdpbusd` where the CPU has VNNI, else `vpmaddubsw` + `vpmaddwd`), the
+/// best of a few runs. `None` for the plain implementation. With `bandwidth`, the physical limit
+/// of a pass over n rows is max(weight bytes / bandwidth, n x multiply-adds per row / this).
+pub fn int8_peak_gmacs() -> Option<f64> {
+    let isa = super::isa();
+    if !isa.packs() {
+        return None;
+    }
+    super::isa::assert_available(isa);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{x86, Isa};
+        let run = |iters: usize| -> u64 {
+            // SAFETY: the CPU can run `isa` (asserted above), whose features each loop needs.
+            unsafe {
+                match isa {
+                    Isa::Avx512Vnni => x86::peak_avx512_vnni(iters),
+                    Isa::Avx512 => x86::peak_avx512(iters),
+                    Isa::Avx2Vnni if Isa::avx_vnni_encoding() => x86::peak_avx_vnni(iters),
+                    Isa::Avx2Vnni => x86::peak_avx_vnni_evex(iters),
+                    Isa::Avx2 | Isa::Scalar => x86::peak_avx2(iters),
+                }
+            }
+        };
+        let pool = pool::global();
+        let threads = pool.threads();
+        let iters = 2_000_000;
+        let mut best = f64::INFINITY;
+        let macs = std::sync::atomic::AtomicU64::new(0);
+        for _ in 0..5 {
+            macs.store(0, std::sync::atomic::Ordering::Relaxed);
+            let start = std::time::Instant::now();
+            pool.run(threads, &|_| {
+                macs.fetch_add(run(iters), std::sync::atomic::Ordering::Relaxed);
+            });
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        Some(macs.into_inner() as f64 / best / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}

@@ -3,73 +3,118 @@
 
 use std::sync::OnceLock;
 
-/// Which implementation of the quantized dot products runs.
+/// Which implementation of the quantized dot products runs. Every one but `Scalar` computes with
+/// the packed (interleaved) weight layout, and all of those give the same results bit for bit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
+    /// AVX2, FMA and F16C: the packed products on 256-bit registers with `vpmaddubsw` +
+    /// `vpmaddwd`.
     Avx2,
-    /// AVX-512 F, VL and BW without VNNI: the packed products and the AVX-512 attention, with
-    /// `vpmaddubsw` + `vpmaddwd` where VNNI has `vpdpbusd`.
+    /// AVX2 with AVX-VNNI's 256-bit `vpdpbusd` (Intel Alder Lake and later client CPUs); also run
+    /// on CPUs with AVX-512 VNNI, whose VL encoding of the same instruction it then uses.
+    Avx2Vnni,
+    /// AVX-512 F, VL and BW without VNNI: the packed products on 512-bit registers and the AVX-512
+    /// attention, with `vpmaddubsw` + `vpmaddwd` where VNNI has `vpdpbusd`.
     Avx512,
     Avx512Vnni,
 }
 
+/// The CPU features the kernels use, read once.
+#[derive(Clone, Copy)]
+struct Features {
+    avx2: bool,
+    avx_vnni: bool,
+    avx512: bool,
+    avx512_vnni: bool,
+}
+
+fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw");
+            Features {
+                avx2,
+                avx_vnni: avx2 && is_x86_feature_detected!("avxvnni"),
+                avx512,
+                avx512_vnni: avx512 && is_x86_feature_detected!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Features {
+            avx2: false,
+            avx_vnni: false,
+            avx512: false,
+            avx512_vnni: false,
+        }
+    })
+}
+
+/// Every implementation, simplest first.
+const ALL: [Isa; 5] = [
+    Isa::Scalar,
+    Isa::Avx2,
+    Isa::Avx2Vnni,
+    Isa::Avx512,
+    Isa::Avx512Vnni,
+];
+
 impl Isa {
     /// The best this CPU supports.
     pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let base = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            if base
-                && is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512bw")
-            {
-                return if is_x86_feature_detected!("avx512vnni") {
-                    Isa::Avx512Vnni
-                } else {
-                    Isa::Avx512
-                };
-            }
-            if base {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Scalar
+        *ALL.iter().rev().find(|i| i.is_available()).unwrap_or(&Isa::Scalar)
     }
 
     /// Whether this CPU can run the kernels of `self`.
     pub fn is_available(self) -> bool {
-        let best = best();
+        let f = features();
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 => best != Isa::Scalar,
-            Isa::Avx512 => best.avx512(),
-            Isa::Avx512Vnni => best == Isa::Avx512Vnni,
+            Isa::Avx2 => f.avx2,
+            Isa::Avx2Vnni => f.avx_vnni || f.avx512_vnni,
+            Isa::Avx512 => f.avx512,
+            Isa::Avx512Vnni => f.avx512_vnni,
         }
     }
 
-    /// Whether the kernels of `self` use AVX-512: the packed (interleaved) weight layout and the
-    /// AVX-512 attention.
+    /// Whether the 256-bit VNNI kernels use AVX-VNNI's encoding (else AVX-512 VL's).
+    pub(super) fn avx_vnni_encoding() -> bool {
+        features().avx_vnni
+    }
+
+    /// Whether the kernels of `self` use 512-bit registers (the packed products and attention).
     pub fn avx512(self) -> bool {
         matches!(self, Isa::Avx512 | Isa::Avx512Vnni)
     }
 
+    /// Whether products go through the packed (interleaved) weight layout: every SIMD class.
+    pub fn packs(self) -> bool {
+        self != Isa::Scalar
+    }
+
+    /// The name `PLD_KERNEL` takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx2Vnni => "avx2vnni",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "vnni",
+        }
+    }
+
     /// Every implementation this CPU can run (for tests).
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni]
-            .into_iter()
-            .filter(|i| i.is_available())
-            .collect()
+        ALL.into_iter().filter(|i| i.is_available()).collect()
     }
-}
-
-/// `Isa::detect`, once.
-fn best() -> Isa {
-    static BEST: OnceLock<Isa> = OnceLock::new();
-    *BEST.get_or_init(Isa::detect)
 }
 
 /// Panics unless this CPU can run the kernels of `isa`. Every safe function that takes a chosen
@@ -82,17 +127,40 @@ pub(super) fn assert_available(isa: Isa) {
     );
 }
 
-/// The implementation in use: the best the CPU has, or `PLD_KERNEL=scalar|avx2|avx512` to force a
-/// simpler one (`avx512`: no VNNI).
+/// What `PLD_KERNEL` asks for: `Ok(None)` when unset or empty, an error naming the value when it
+/// names no implementation or one this CPU cannot run.
+fn requested(value: Option<&str>) -> Result<Option<Isa>, String> {
+    let Some(v) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let isa = match v {
+        "avx512vnni" => Isa::Avx512Vnni,
+        _ => *ALL.iter().find(|i| i.name() == v).ok_or_else(|| {
+            let names: Vec<_> = ALL.iter().map(|i| i.name()).collect();
+            format!("PLD_KERNEL={v} is none of {}", names.join(", "))
+        })?,
+    };
+    if !isa.is_available() {
+        return Err(format!("PLD_KERNEL={v}: this CPU cannot run it"));
+    }
+    Ok(Some(isa))
+}
+
+/// The implementation in use: the best the CPU has, or the one `PLD_KERNEL` names
+/// (`scalar|avx2|avx2vnni|avx512|vnni`) to force a simpler one. A value that names none, or one
+/// this CPU lacks, is reported on stderr once and the best is used.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let best = best();
-        match std::env::var("PLD_KERNEL").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
-            Ok("avx512") if best.avx512() => Isa::Avx512,
-            _ => best,
+        let value = std::env::var("PLD_KERNEL").ok();
+        match requested(value.as_deref()) {
+            Ok(Some(isa)) => isa,
+            Ok(None) => Isa::detect(),
+            Err(e) => {
+                let best = Isa::detect();
+                eprintln!("warning: {e}; using {}", best.name());
+                best
+            }
         }
     })
 }
@@ -102,4 +170,25 @@ pub fn isa() -> Isa {
 pub(super) fn has_avx2() -> bool {
     static AVX2: OnceLock<bool> = OnceLock::new();
     *AVX2.get_or_init(|| isa() != Isa::Scalar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_parse_and_bad_ones_are_named() {
+        assert_eq!(requested(None), Ok(None));
+        assert_eq!(requested(Some("")), Ok(None));
+        assert_eq!(requested(Some("scalar")), Ok(Some(Isa::Scalar)));
+        for isa in Isa::available() {
+            assert_eq!(requested(Some(isa.name())), Ok(Some(isa)));
+        }
+        let e = requested(Some("avx9")).unwrap_err();
+        assert!(e.contains("avx9") && e.contains("avx2vnni"), "{e}");
+        if let Some(lacking) = ALL.iter().find(|i| !i.is_available()) {
+            let e = requested(Some(lacking.name())).unwrap_err();
+            assert!(e.contains("cannot run"), "{e}");
+        }
+    }
 }

@@ -198,10 +198,10 @@ impl QMatrix {
     }
 
     /// Adds the interleaved copy the kernels of `isa` compute with, where there is one (own
-    /// formats with whole groups of 16 rows and 64 columns, the AVX-512 kernels). From then on
-    /// every product with this matrix under `isa` uses it.
+    /// formats with whole groups of 16 rows and 64 columns, every SIMD implementation). From then
+    /// on every product with this matrix under `isa` uses it.
     pub fn packed_for(mut self, isa: Isa) -> Self {
-        if isa.avx512() {
+        if isa.packs() {
             if let Some(f) = Format::from_ggml(self.dtype) {
                 self.packed = packed::Packed::new(f, self.rows, self.cols, self.bytes.as_slice())
                     .map(Arc::new);

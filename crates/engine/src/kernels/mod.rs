@@ -10,7 +10,7 @@
 //! bit-identical logits.
 //!
 //! `format` describes each of our formats once; `quant` quantizes activations and has the plain
-//! products; `packed` interleaves weights for the AVX-512 kernels (with or without VNNI); `x86` has the SIMD kernels by
+//! products; `packed` interleaves weights for the SIMD kernels (AVX2 or AVX-512, with or without VNNI); `x86` has the SIMD kernels by
 //! family; this file, `attention` and `elementwise` choose among them. Imports go that way only,
 //! except that x86's attention kernels take `KvHead` and call `softmax` from above.
 //!
@@ -46,7 +46,7 @@ pub mod quant;
 mod x86;
 
 pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead, TreeMask};
-pub use bandwidth::read_bandwidth;
+pub use bandwidth::{int8_peak_gmacs, read_bandwidth};
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,
 };
@@ -101,7 +101,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
         assert_eq!(out.len(), m * w.rows, "output shape");
         match Format::from_ggml(w.dtype) {
             Some(f) if w.cols % f.act_block() == 0 => {
-                if let (Some(p), true) = (&w.packed, isa.avx512()) {
+                if let (Some(p), true) = (&w.packed, isa.packs()) {
                     // The packed kernel reads the activations over the packed copy's columns.
                     assert!(
                         p.format == f && p.rows == w.rows && p.cols == w.cols,
@@ -154,7 +154,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             let (f, w, out_ptr) = own[ji];
             let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
             #[cfg(target_arch = "x86_64")]
-            if let (Some(p), true) = (&w.packed, isa.avx512()) {
+            if let (Some(p), true) = (&w.packed, isa.packs()) {
                 // Blocks of activation rows small enough to stay in L2 while every weight group
                 // of the work item passes over them; prefill-sized products go eight rows at a
                 // time over every group of the item (whose weights then stay in L2), so that each
@@ -168,19 +168,11 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                     let rows = block.min(m - r0);
                     for g in j0 / packed::ROWS..j1 / packed::ROWS {
                         let at = r0 * w.rows + g * packed::ROWS;
-                        // SAFETY: the CPU has AVX-512 (with VNNI for that `isa`; asserted
-                        // above); `a` holds the m rows quantized over w.cols = p.cols columns in
-                        // the format's blocks; the writes, rows r0..r0 + rows at columns
-                        // 16g..16g + 16, stay inside `out` (m * n) and belong to this work item
-                        // alone.
-                        unsafe {
-                            let o = out_ptr.get().add(at);
-                            if isa == Isa::Avx512Vnni {
-                                x86::packed_rows_vnni(p, g, a, r0, rows, o, w.rows)
-                            } else {
-                                x86::packed_rows_avx512(p, g, a, r0, rows, o, w.rows)
-                            }
-                        };
+                        // SAFETY: the CPU can run `isa` (asserted above); `a` holds the m rows
+                        // quantized over w.cols = p.cols columns in the format's blocks; the
+                        // writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
+                        // (m * n) and belong to this work item alone.
+                        unsafe { packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows) };
                     }
                 }
                 return;
@@ -249,8 +241,8 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
 /// The packed kernel alone (for timing it), with the implementation in use: weight rows
 /// `16g..16g + 16` of the packed matrix `p` against activation rows `r0..r0 + m` of `acts`,
 /// quantized over `p.cols` columns in the format's activation blocks; row `r0 + r`'s sixteen
-/// results go to `out[r * stride..][..16]`. Panics unless the implementation in use is an AVX-512
-/// one and the shapes agree.
+/// results go to `out[r * stride..][..16]`. Panics unless the implementation in use packs and the
+/// shapes agree.
 pub fn packed_rows(
     p: &Packed,
     g: usize,
@@ -261,10 +253,7 @@ pub fn packed_rows(
     stride: usize,
 ) {
     let isa = isa();
-    assert!(
-        isa.avx512(),
-        "the packed kernels need AVX-512 ({isa:?} in use)"
-    );
+    assert!(isa.packs(), "the packed kernels need SIMD ({isa:?} in use)");
     assert_available(isa);
     assert!(g < p.rows / packed::ROWS, "no group {g}");
     assert!(
@@ -278,18 +267,46 @@ pub fn packed_rows(
         m == 0 || last_end.is_some_and(|end| end <= out.len()),
         "output too short"
     );
-    // SAFETY: the CPU has the AVX-512 features of `isa` (asserted); `acts` holds rows r0..r0 + m
-    // over the packed columns in the format's blocks; every write, 16 floats at r * stride for
-    // r < m, is inside `out` (checked above).
+    // SAFETY: the CPU can run `isa` (asserted); `acts` holds rows r0..r0 + m over the packed
+    // columns in the format's blocks; every write, 16 floats at r * stride for r < m, is inside
+    // `out` (checked above).
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        let o = out.as_mut_ptr();
-        if isa == Isa::Avx512Vnni {
-            x86::packed_rows_vnni(p, g, acts, r0, m, o, stride)
-        } else {
-            x86::packed_rows_avx512(p, g, acts, r0, m, o, stride)
-        }
+        packed_kernel(isa, p, g, acts, r0, m, out.as_mut_ptr(), stride)
     };
+}
+
+/// The packed kernel of `isa`.
+///
+/// # Safety
+/// The CPU can run `isa`, which packs; `acts` holds rows `r0..r0 + m` quantized over `p.cols`
+/// columns in the format's blocks; `out` is valid for writes of `(m - 1) * stride + 16` floats.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed_kernel(
+    isa: Isa,
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    // SAFETY (each call): the CPU has the features of `isa` (the caller's promise), which are the
+    // ones the kernel named needs; the rest is passed on as promised.
+    unsafe {
+        match isa {
+            Isa::Avx512Vnni => x86::packed_rows_vnni(p, g, acts, r0, m, out, stride),
+            Isa::Avx512 => x86::packed_rows_avx512(p, g, acts, r0, m, out, stride),
+            Isa::Avx2Vnni if Isa::avx_vnni_encoding() => {
+                x86::packed_rows_avx_vnni(p, g, acts, r0, m, out, stride)
+            }
+            Isa::Avx2Vnni => x86::packed_rows_avx_vnni_evex(p, g, acts, r0, m, out, stride),
+            Isa::Avx2 => x86::packed_rows_avx2(p, g, acts, r0, m, out, stride),
+            Isa::Scalar => unreachable!("the scalar implementation does not pack"),
+        }
+    }
 }
 
 fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {

@@ -1,5 +1,6 @@
-//! Weight matrices re-laid out for the AVX-512 VNNI kernels: sixteen output rows interleaved, so
-//! that one 512-bit register holds four consecutive weights of each of sixteen rows.
+//! Weight matrices re-laid out for the SIMD kernels: sixteen output rows interleaved, so that one
+//! 512-bit register holds four consecutive weights of each of sixteen rows (and a 256-bit one
+//! those of eight, half of each 64-byte line).
 //!
 //! With that layout one `vpdpbusd` against four activation bytes (broadcast) advances sixteen dot
 //! products by four products each. All sixteen lanes are in the same sub-block, so the sub-block
@@ -7,9 +8,11 @@
 //! sixteen lanes end as sixteen outputs with no horizontal sum. The natural layout needs a
 //! `vpmaddubsw` and a `vpdpwssd` per 64 products to apply its per-32 scales; this needs one
 //! `vpdpbusd`, which is what makes passes over several tokens (verification, prefill) cheaper.
+//! Without VNNI the same step is a `vpmaddubsw` whose 16-bit pairs add up in 16 bits over a whole
+//! sub-block (or a quarter or half of it, by the format's width) before one `vpmaddwd` widens them.
 //!
 //! Packing is done once at load (every own format: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) when the
-//! kernels in use are the AVX-512 ones; the matrix keeps its GGUF bytes (memory-mapped, for
+//! kernels in use are SIMD ones (AVX2 or AVX-512); the matrix keeps its GGUF bytes (memory-mapped, for
 //! embedding lookups and the other implementations). Every pass over a packed matrix, whatever its
 //! number of rows, goes through the packed kernel, so a row's logits never depend on how many rows
 //! share the pass.

@@ -320,8 +320,9 @@ fn product_magnitude(x: &[f32], wf: &[f32], cols: usize, i: usize, j: usize) -> 
 }
 
 /// The interleaved layout (`packed`): its plain reference against the natural-layout scalar
-/// kernel, and the AVX-512 kernel against that reference, at awkward activation row counts (tiles
-/// of 8 plus every remainder); a row alone gives bit-identical results to the row in a batch.
+/// kernel, and every SIMD kernel against that reference, at every activation row count from 1 to
+/// 80 (tiles of 8 or 4 plus every remainder, and more than one block of rows); a row alone gives
+/// bit-identical results to the row in a batch, and every implementation the same bits.
 #[test]
 fn packed_kernels_match_the_natural_layout() {
     for (ti, &dtype) in OWN.iter().enumerate() {
@@ -338,7 +339,7 @@ fn packed_kernels_match_the_natural_layout() {
             assert!(packed::Packed::new(f, rows, odd_cols, &b).is_none());
         }
         let wf = plain.dequantize();
-        for m in [1usize, 2, 3, 5, 8, 13, 17, 70] {
+        for m in 1usize..=80 {
             let x = random_vec(m * cols, 500 + m as u64);
             let mut acts = quant::QuantizedActs::default();
             acts.quantize(&x, m, cols, f.act_block());
@@ -351,11 +352,14 @@ fn packed_kernels_match_the_natural_layout() {
                     reference[i * rows + g * 16..][..16].copy_from_slice(&o);
                 }
             }
+            let mags: Vec<f32> = (0..m * rows)
+                .map(|o| product_magnitude(&x, &wf, cols, o / rows, o % rows))
+                .collect();
             // `got` agrees with `want` to within float rounding of each output's products.
             let assert_close = |got: &[f32], want: &[f32], what: &str| {
                 for i in 0..m {
                     for j in 0..rows {
-                        let mag = product_magnitude(&x, &wf, cols, i, j);
+                        let mag = mags[i * rows + j];
                         let (a, b) = (got[i * rows + j], want[i * rows + j]);
                         assert!(
                             (a - b).abs() <= 1e-5 * mag + 1e-6,
@@ -365,20 +369,25 @@ fn packed_kernels_match_the_natural_layout() {
                 }
             };
             assert_close(&reference, &natural, "packed reference vs natural");
-            // Every AVX-512 kernel the CPU runs (with and without VNNI) against the reference,
-            // bit-identical to each other and a row alone to the row in a batch.
+            // Every packed kernel the CPU runs (AVX2 and AVX-512, with and without VNNI) against
+            // the reference, bit-identical to each other and a row alone to the row in a batch.
             let mut first: Option<(Isa, Vec<f32>)> = None;
-            for isa in Isa::available().into_iter().filter(|i| i.avx512()) {
+            for isa in Isa::available().into_iter().filter(|i| i.packs()) {
                 let mat = plain.clone().packed_for(isa);
                 assert!(mat.packed.is_some());
                 let mut out = vec![0f32; m * rows];
                 matmul_with(isa, &x, m, &mat, &mut out);
-                assert_close(
-                    &out,
-                    &reference,
-                    &format!("{isa:?} packed kernel vs reference"),
-                );
-                for i in 0..m {
+                if first.is_none() {
+                    // The others are compared bit for bit with this one below.
+                    assert_close(
+                        &out,
+                        &reference,
+                        &format!("{isa:?} packed kernel vs reference"),
+                    );
+                }
+                // The first, a middle and the last row: over every m, rows at every place of a
+                // tile and of a block of rows.
+                for i in [0, m / 2, m - 1] {
                     let mut one = vec![0f32; rows];
                     matmul_with(isa, &x[i * cols..(i + 1) * cols], 1, &mat, &mut one);
                     assert_eq!(
@@ -399,42 +408,56 @@ fn packed_kernels_match_the_natural_layout() {
 }
 
 /// The largest integer products the packed kernels meet: weights at the ends of their range with
-/// activations of the same sign at +-127 (the case where `vpmaddubsw`, which the AVX-512 kernels
-/// without VNNI use, would saturate if a pair left 16 bits). Every AVX-512 kernel gives the plain
+/// activations of the same sign at +-127 (the case where `vpmaddubsw`, which the kernels without
+/// VNNI use, would saturate if a pair left 16 bits, and where their 16-bit sums of pairs over a
+/// sub-block would overflow if they were widened too late). Every packed kernel gives the plain
 /// kernel's results.
 #[test]
 fn packed_kernels_exact_at_extreme_values() {
     let packed_isas: Vec<Isa> = Isa::available()
         .into_iter()
-        .filter(|i| i.avx512())
+        .filter(|i| i.packs())
         .collect();
     if packed_isas.is_empty() {
-        println!("skipped: this CPU has no AVX-512 (F, VL, BW)");
+        println!("skipped: this CPU has no AVX2");
         return;
     }
     for &dtype in OWN.iter() {
         let (rows, cols) = (32, 512);
         // Row j: every weight +-1 with a sign pattern; activations carry the pattern of row 0,
-        // so row 0's products are all at the top of the range, row 1's mixed.
-        let sign = |j: usize, t: usize| {
-            if (t * 7 + j * (t % 3)) % 5 < 2 {
-                -1.0
-            } else {
-                1.0
+        // so row 0's products are all at the top of the range, row 1's mixed. Rows 2 and 3: one
+        // weight of -1 or +1 per 32 and 0.9 or -0.9 for the rest, so that the rest quantize to
+        // the top of the format's unsigned range, against activations all +1 or all -1.
+        let weight = |j: usize, t: usize| match j {
+            2 | 3 => {
+                let s = if j == 2 { 1.0 } else { -1.0 };
+                if t.is_multiple_of(32) {
+                    -s
+                } else {
+                    0.9 * s
+                }
             }
+            _ if (t * 7 + j * (t % 3)) % 5 < 2 => -1.0,
+            _ => 1.0,
         };
-        let w: Vec<f32> = (0..rows * cols).map(|i| sign(i / cols, i % cols)).collect();
-        let x: Vec<f32> = (0..2 * cols)
-            .map(|i| sign(0, i % cols) * if i < cols { 1.0 } else { -1.0 })
+        let w: Vec<f32> = (0..rows * cols).map(|i| weight(i / cols, i % cols)).collect();
+        let m = 4;
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| match i / cols {
+                0 => weight(0, i % cols),
+                1 => -weight(0, i % cols),
+                2 => 1.0,
+                _ => -1.0,
+            })
             .collect();
         let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&quantize(dtype, &w))).unwrap();
-        let mut scalar = vec![0f32; 2 * rows];
-        matmul_with(Isa::Scalar, &x, 2, &mat, &mut scalar);
+        let mut scalar = vec![0f32; m * rows];
+        matmul_with(Isa::Scalar, &x, m, &mat, &mut scalar);
         for &isa in &packed_isas {
-            let m = mat.clone().packed_for(isa);
-            assert!(m.packed.is_some(), "{dtype:?} packs");
-            let mut out = vec![0f32; 2 * rows];
-            matmul_with(isa, &x, 2, &m, &mut out);
+            let p = mat.clone().packed_for(isa);
+            assert!(p.packed.is_some(), "{dtype:?} packs");
+            let mut out = vec![0f32; m * rows];
+            matmul_with(isa, &x, m, &p, &mut out);
             for (j, (a, s)) in out.iter().zip(&scalar).enumerate() {
                 assert!(
                     (a - s).abs() <= 1e-4 * s.abs().max(1.0),
@@ -699,7 +722,7 @@ fn tree_rows_equal_their_path_alone() {
 /// one to try).
 #[test]
 fn an_isa_the_cpu_lacks_is_refused() {
-    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2]
+    let Some(&lacking) = [Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2Vnni, Isa::Avx2]
         .iter()
         .find(|i| !i.is_available())
     else {

@@ -1,7 +1,15 @@
-//! AVX-512 products over weights in the interleaved layout of `kernels::packed`: one `vpdpbusd`
-//! advances sixteen rows' dot products by four products each. CPUs with AVX-512 BW but without
-//! VNNI run the same kernels with `vpmaddubsw` + `vpmaddwd` in its place (`dp4`); the integer sums,
-//! and so every result, are the same bit for bit.
+//! Products over weights in the interleaved layout of `kernels::packed`, written once for every
+//! register width and product instruction:
+//! - 512-bit registers (`Zmm`) hold all sixteen rows of a group: one `vpdpbusd` advances sixteen
+//!   rows' dot products by four products each;
+//! - 256-bit registers (`Ymm`, AVX2) hold eight: a group is computed in two halves, the second
+//!   reading from cache the lines the first brought in;
+//! - with VNNI each step of four products is one `vpdpbusd` (AVX-512 VNNI on `Zmm`, AVX-VNNI on
+//!   `Ymm`); without, one `vpmaddubsw` whose 16-bit pairs are summed in 16 bits for as many steps
+//!   as the format's weights allow and widened by one `vpmaddwd` (`Sums`).
+//!
+//! Every lane does the same integer and float operations in the same order on every width and
+//! instruction, so all of them give the same results bit for bit.
 
 // The tiles address several arrays and pointers by row (or column) index. They keep their index
 // loops: iterator forms change the code generated for these kernels.
@@ -9,9 +17,56 @@
 
 use super::{Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
-use crate::kernels::packed::Packed;
+use crate::kernels::packed::{Packed, ROWS};
 use crate::kernels::quant::QuantizedActs;
+use super::width::{Width, Ymm, Zmm};
 use std::arch::x86_64::*;
+
+/// `packed_rows`'s loop over tiles of activation rows, as many rows per tile as the width's
+/// registers hold.
+trait RowTiles: Width {
+    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize);
+}
+
+impl RowTiles for Zmm {
+    #[inline(always)]
+    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize) {
+        let mut r = 0;
+        while r < m {
+            let n = (m - r).min(8);
+            match n {
+                8 => t.run::<Self, VNNI, 8>(r),
+                7 => t.run::<Self, VNNI, 7>(r),
+                6 => t.run::<Self, VNNI, 6>(r),
+                5 => t.run::<Self, VNNI, 5>(r),
+                4 => t.run::<Self, VNNI, 4>(r),
+                3 => t.run::<Self, VNNI, 3>(r),
+                2 => t.run::<Self, VNNI, 2>(r),
+                _ => t.run::<Self, VNNI, 1>(r),
+            }
+            r += n;
+        }
+    }
+}
+
+impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
+    #[inline(always)]
+    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize) {
+        // Four rows: each keeps a float sum, a super-block sum and an integer sum in registers,
+        // which with the weights, the broadcast and the mask is the sixteen AVX2 has.
+        let mut r = 0;
+        while r < m {
+            let n = (m - r).min(4);
+            match n {
+                4 => t.run::<Self, VNNI, 4>(r),
+                3 => t.run::<Self, VNNI, 3>(r),
+                2 => t.run::<Self, VNNI, 2>(r),
+                _ => t.run::<Self, VNNI, 1>(r),
+            }
+            r += n;
+        }
+    }
+}
 
 /// Prefetches the `n` cache lines from `p`, which may lie past the data (prefetches never fault).
 #[inline(always)]
@@ -21,368 +76,398 @@ unsafe fn prefetch_lines(p: *const u8, n: usize) {
     }
 }
 
-/// Four activation bytes at `p`, broadcast to every lane.
-#[inline(always)]
-unsafe fn bcast4(p: *const i8) -> __m512i {
-    _mm512_set1_epi32((p as *const i32).read_unaligned())
+/// Integer sums of one sub-block for `MR` activation rows. With VNNI each step of four products is
+/// one `vpdpbusd` into 32-bit sums (in two chains below four rows, so that they overlap). Without,
+/// it is one `vpmaddubsw`, whose 16-bit pairs are added in 16 bits (`pending`) and widened to 32 by
+/// one `vpmaddwd` at each `flush`: every format flushes before its pairs could leave 16 bits, so
+/// the sums are exact and the same as with VNNI.
+struct Sums<W: Width, const VNNI: bool, const MR: usize> {
+    a: [W::I; MR],
+    a2: [W::I; MR],
+    pending: [W::I; MR],
 }
 
-/// `acc + ` the sums of four products `w * x` per 32-bit lane (`w` unsigned, `x` signed bytes):
-/// one `vpdpbusd` with VNNI, else `vpmaddubsw` and `vpmaddwd`. The pairs `vpmaddubsw` adds stay in
-/// 16 bits for every weight below 128 (the 4-, 5- and 6-bit values) against activations within
-/// +-127, so both give the same integers. (Q8_0's bytes, up to 255, take `dp4_signed` instead.)
-#[inline(always)]
-unsafe fn dp4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
-    if VNNI {
-        _mm512_dpbusd_epi32(acc, w, x)
-    } else {
-        let pairs = _mm512_maddubs_epi16(w, x);
-        _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+/// Steps of `vpmaddubsw` pairs that fit in 16 bits for weights up to `max_weight` against
+/// activations within +-127.
+const fn steps_in_16_bits(max_weight: i32) -> usize {
+    (i16::MAX as i32 / (2 * max_weight * 127)) as usize
+}
+
+impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
+    const SPLIT: bool = VNNI && MR < 4;
+
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        Sums {
+            a: [W::zero(); MR],
+            a2: [W::zero(); MR],
+            pending: [W::zero(); MR],
+        }
     }
-}
 
-/// Without VNNI: `acc + ` the sums of four products of signed bytes `w * x` per lane, given `|w|`
-/// and the lanes where `w` is negative: `x` takes `w`'s sign, so that `vpmaddubsw` multiplies the
-/// unsigned `|w|` (at most 128) by it and no pair leaves 16 bits.
-#[inline(always)]
-unsafe fn dp4_signed(acc: __m512i, w_abs: __m512i, w_neg: __mmask64, x: __m512i) -> __m512i {
-    let x = _mm512_mask_sub_epi8(x, w_neg, _mm512_setzero_si512(), x);
-    let pairs = _mm512_maddubs_epi16(w_abs, x);
-    _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
-}
+    /// Row `r` advanced by the products of unsigned weights `w` (at most 127) and activations `x`;
+    /// `second` picks the second chain where there are two.
+    #[inline(always)]
+    unsafe fn step(&mut self, r: usize, second: bool, w: W::I, x: W::I) {
+        if !VNNI {
+            self.pending[r] = W::add16(self.pending[r], W::maddubs(w, x));
+        } else if second && Self::SPLIT {
+            self.a2[r] = W::dpbusd(self.a2[r], w, x);
+        } else {
+            self.a[r] = W::dpbusd(self.a[r], w, x);
+        }
+    }
 
-/// Sixteen f16 values at `p` as floats.
-#[inline(always)]
-unsafe fn f16x16(p: *const u8) -> __m512 {
-    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-}
+    /// Without VNNI: the products of signed weights given as `|w|` and their signs, widened at
+    /// once (a pair of them can take all 16 bits).
+    #[inline(always)]
+    unsafe fn step_signed(&mut self, r: usize, w_abs: W::I, sign: W::Sign, x: W::I) {
+        let pairs = W::maddubs(w_abs, W::with_sign(x, sign));
+        self.a[r] = W::add32(self.a[r], W::widen_pairs(pairs));
+    }
 
-/// Integer sums of one sub-block: with fewer than four activation rows the low and high nibbles
-/// go to two accumulators, so that the `vpdpbusd` chains overlap. Integer addition is exact, so the
-/// sums are the same either way.
-#[inline(always)]
-const fn split_chains<const MR: usize>() -> bool {
-    MR < 4
+    #[inline(always)]
+    unsafe fn flush(&mut self) {
+        if !VNNI {
+            for r in 0..MR {
+                self.a[r] = W::add32(self.a[r], W::widen_pairs(self.pending[r]));
+                self.pending[r] = W::zero();
+            }
+        }
+    }
+
+    /// Row `r`'s sum (after the last `flush`).
+    #[inline(always)]
+    unsafe fn total(&self, r: usize) -> W::I {
+        if Self::SPLIT {
+            W::add32(self.a[r], self.a2[r])
+        } else {
+            self.a[r]
+        }
+    }
 }
 
 /// One step of eight columns: `lo` holds each lane's first four columns, `hi` the next four;
 /// activation row `r`'s eight bytes are at `x + r * k`.
 #[inline(always)]
-unsafe fn nibble_step<const VNNI: bool, const MR: usize>(
-    a: &mut [__m512i; MR],
-    a2: &mut [__m512i; MR],
-    lo: __m512i,
-    hi: __m512i,
+unsafe fn nibble_step<W: Width, const VNNI: bool, const MR: usize>(
+    s: &mut Sums<W, VNNI, MR>,
+    lo: W::I,
+    hi: W::I,
     x: *const i8,
     k: usize,
 ) {
     for r in 0..MR {
         let xp = x.add(r * k);
-        a[r] = dp4::<VNNI>(a[r], lo, bcast4(xp));
-        if split_chains::<MR>() {
-            a2[r] = dp4::<VNNI>(a2[r], hi, bcast4(xp.add(4)));
-        } else {
-            a[r] = dp4::<VNNI>(a[r], hi, bcast4(xp.add(4)));
+        s.step(r, false, lo, W::bcast4(xp));
+        s.step(r, true, hi, W::bcast4(xp.add(4)));
+    }
+}
+
+/// What one tile computes: the weight rows `lane0..lane0 + W::LANES` of group `g` against
+/// activation rows `r0 + r..` (`run`), results to `out + r * stride + lane0`.
+struct Tile<'a> {
+    p: &'a Packed,
+    g: usize,
+    lane0: usize,
+    acts: &'a QuantizedActs,
+    r0: usize,
+    out: *mut f32,
+    stride: usize,
+}
+
+impl Tile<'_> {
+    #[inline(always)]
+    unsafe fn run<W: Width, const VNNI: bool, const MR: usize>(&self, r: usize) {
+        let group = self.p.group(self.g);
+        let n = self.p.units();
+        let at = Rows {
+            acts: self.acts,
+            r0: self.r0 + r,
+            lane0: self.lane0,
+            out: self.out.add(r * self.stride + self.lane0),
+            stride: self.stride,
+        };
+        match self.p.format {
+            Format::Q4K => packed_q4k::<W, VNNI, MR>(group, n, &at),
+            Format::Q6K => packed_q6k::<W, VNNI, MR>(group, n, &at),
+            Format::Q4_0 => packed32::<W, VNNI, Q4_0, MR>(group, n, &at),
+            Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(group, n, &at),
+            Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(group, n, &at),
+            Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(group, n, &at),
         }
     }
 }
 
-/// Each row's integer sum of a sub-block from its one or two chains.
-#[inline(always)]
-unsafe fn chain_sum<const MR: usize>(a: &[__m512i; MR], a2: &[__m512i; MR], r: usize) -> __m512i {
-    if split_chains::<MR>() {
-        _mm512_add_epi32(a[r], a2[r])
-    } else {
-        a[r]
-    }
-}
-
-/// End of a K-quant super-block: each row's scaled sum times its activation scale.
-#[inline(always)]
-unsafe fn add_super_block<const MR: usize>(
-    acc: &mut [__m512; MR],
-    sbacc: &[__m512; MR],
-    acts: &QuantizedActs,
+/// A tile's activation rows, the register's first weight row in the group, and where its results
+/// go.
+struct Rows<'a> {
+    acts: &'a QuantizedActs,
     r0: usize,
-    s: usize,
-) {
-    for r in 0..MR {
-        let dx = *acts.d.get_unchecked((r0 + r) * acts.k / 256 + s);
-        acc[r] = _mm512_fmadd_ps(sbacc[r], _mm512_set1_ps(dx), acc[r]);
-    }
-}
-
-#[inline(always)]
-unsafe fn store_rows<const MR: usize>(acc: &[__m512; MR], out: *mut f32, stride: usize) {
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(r * stride), *a);
-    }
-}
-
-/// Packed Q4_K (see `packed`): the sixteen rows of one group against activation rows
-/// `r0..r0 + MR`; row `r`'s sixteen results go to `out + r * stride`.
-#[inline(always)]
-unsafe fn packed_q4k<const VNNI: bool, const MR: usize>(
-    group: &[u8],
-    nsb: usize,
-    acts: &QuantizedActs,
-    r0: usize,
+    lane0: usize,
     out: *mut f32,
     stride: usize,
+}
+
+impl Rows<'_> {
+    /// End of a K-quant super-block: each row's scaled sum times its activation scale.
+    #[inline(always)]
+    unsafe fn add_super_block<W: Width, const MR: usize>(
+        &self,
+        acc: &mut [W::F; MR],
+        sbacc: &[W::F; MR],
+        s: usize,
+    ) {
+        for r in 0..MR {
+            let dx = *self.acts.d.get_unchecked((self.r0 + r) * self.acts.k / 256 + s);
+            acc[r] = W::fmadd(sbacc[r], W::splat(dx), acc[r]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn store<W: Width, const MR: usize>(&self, acc: &[W::F; MR]) {
+        for r in 0..MR {
+            W::store(self.out.add(r * self.stride), acc[r]);
+        }
+    }
+}
+
+/// Packed Q4_K (see `packed`).
+#[inline(always)]
+unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(
+    group: &[u8],
+    nsb: usize,
+    at: &Rows,
 ) {
-    let low = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); MR];
+    let low = W::bytes(0x0F);
+    let mut acc = [W::zero_f(); MR];
+    let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in 0..nsb {
         let blk = group.as_ptr().add(s * q4k::PACKED_BYTES);
-        let d = f16x16(blk.add(PACKED_D));
-        let dmin = f16x16(blk.add(q4k::PACKED_DMIN));
-        let mut sbacc = [_mm512_setzero_ps(); MR];
+        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
+        let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
+        let mut sbacc = [W::zero_f(); MR];
         for j in 0..8 {
-            let qs = blk.add(q4k::PACKED_QS + 256 * j);
-            // The next super-block, spread over this one's eight steps (37 lines).
-            prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                blk.add(q4k::PACKED_SCALES + 16 * j) as *const __m128i,
-            )));
-            let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                blk.add(q4k::PACKED_MINS + 16 * j) as *const __m128i,
-            )));
-            let mut a = [_mm512_setzero_si512(); MR];
-            let mut a2 = [_mm512_setzero_si512(); MR];
-            for u in 0..4 {
-                let v = _mm512_loadu_si512(qs.add(64 * u) as *const _);
-                let lo = _mm512_and_si512(v, low);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                let x = q.add(r0 * k + s * 256 + 32 * j + 8 * u);
-                nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
+            let qs = blk.add(q4k::PACKED_QS + 256 * j + 4 * l0);
+            if l0 == 0 {
+                // The next super-block, spread over this one's eight steps (37 lines).
+                prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
             }
-            let sc = _mm512_mul_ps(sc, d);
-            let mn = _mm512_mul_ps(mn, dmin);
+            let sc = W::u8s(blk.add(q4k::PACKED_SCALES + 16 * j + l0));
+            let mn = W::u8s(blk.add(q4k::PACKED_MINS + 16 * j + l0));
+            let mut sums = Sums::<W, VNNI, MR>::new();
+            const { assert!(steps_in_16_bits(15) >= 8) };
+            for u in 0..4 {
+                let v = W::load(qs.add(64 * u));
+                let lo = W::and(v, low);
+                let hi = W::and(W::shr16::<4>(v), low);
+                let x = q.add(at.r0 * k + s * 256 + 32 * j + 8 * u);
+                nibble_step(&mut sums, lo, hi, x, k);
+            }
+            sums.flush();
+            let sc = W::mul(sc, d);
+            let mn = W::mul(mn, dmin);
             for r in 0..MR {
-                let sum = chain_sum::<MR>(&a, &a2, r);
-                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, sbacc[r]);
-                let ds = *acts.ds.get_unchecked(((r0 + r) * k + s * 256) / 32 + j);
-                acc[r] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(ds), acc[r]);
+                sbacc[r] = W::fmadd(W::cvt(sums.total(r)), sc, sbacc[r]);
+                let ds = *acts.ds.get_unchecked(((at.r0 + r) * k + s * 256) / 32 + j);
+                acc[r] = W::fnmadd(mn, W::splat(ds), acc[r]);
             }
         }
-        add_super_block::<MR>(&mut acc, &sbacc, acts, r0, s);
+        at.add_super_block::<W, MR>(&mut acc, &sbacc, s);
     }
-    store_rows::<MR>(&acc, out, stride);
+    at.store::<W, MR>(&acc);
 }
 
 /// The top two bits of four columns, from bits `2i..2i + 2` of each byte of `h`, moved to bits 4
 /// and 5.
 #[inline(always)]
-unsafe fn q6_high<const I: u32>(h: __m512i) -> __m512i {
-    let m = _mm512_set1_epi8(0x30);
+unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
+    let m = W::bytes(0x30);
     match I {
-        0 => _mm512_and_si512(_mm512_slli_epi16(h, 4), m),
-        1 => _mm512_and_si512(_mm512_slli_epi16(h, 2), m),
-        2 => _mm512_and_si512(h, m),
-        _ => _mm512_and_si512(_mm512_srli_epi16(h, 2), m),
+        0 => W::and(W::shl16::<4>(h), m),
+        1 => W::and(W::shl16::<2>(h), m),
+        2 => W::and(h, m),
+        _ => W::and(W::shr16::<2>(h), m),
     }
 }
 
-/// Packed Q6_K (see `packed`), as `packed_q4k`.
+/// Packed Q6_K (see `packed`).
 #[inline(always)]
-unsafe fn packed_q6k<const VNNI: bool, const MR: usize>(
+unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(
     group: &[u8],
     nsb: usize,
-    acts: &QuantizedActs,
-    r0: usize,
-    out: *mut f32,
-    stride: usize,
+    at: &Rows,
 ) {
-    let low = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); MR];
+    let low = W::bytes(0x0F);
+    let mut acc = [W::zero_f(); MR];
+    let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in 0..nsb {
         let blk = group.as_ptr().add(s * q6k::PACKED_BYTES);
-        let d = f16x16(blk.add(PACKED_D));
-        let mut sbacc = [_mm512_setzero_ps(); MR];
+        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
+        let mut sbacc = [W::zero_f(); MR];
         for t in 0..16 {
-            let ql = blk.add(q6k::PACKED_QL + 128 * t);
-            // The next super-block, spread over this one's sixteen steps (53 lines).
-            prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
-            let h = _mm512_loadu_si512(blk.add(q6k::PACKED_QH + 64 * t) as *const _);
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                blk.add(q6k::PACKED_SCALES + 16 * t) as *const __m128i,
-            )));
-            let mut a = [_mm512_setzero_si512(); MR];
-            let mut a2 = [_mm512_setzero_si512(); MR];
-            for u in 0..2 {
-                let v = _mm512_loadu_si512(ql.add(64 * u) as *const _);
-                let (hl, hh) = if u == 0 {
-                    (q6_high::<0>(h), q6_high::<1>(h))
-                } else {
-                    (q6_high::<2>(h), q6_high::<3>(h))
-                };
-                let lo = _mm512_or_si512(_mm512_and_si512(v, low), hl);
-                let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), hh);
-                let x = q.add(r0 * k + s * 256 + 16 * t + 8 * u);
-                nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
+            let ql = blk.add(q6k::PACKED_QL + 128 * t + 4 * l0);
+            if l0 == 0 {
+                // The next super-block, spread over this one's sixteen steps (53 lines).
+                prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
             }
-            let sc = _mm512_mul_ps(sc, d);
+            let h = W::load(blk.add(q6k::PACKED_QH + 64 * t + 4 * l0));
+            let sc = W::i8s(blk.add(q6k::PACKED_SCALES + 16 * t + l0));
+            let mut sums = Sums::<W, VNNI, MR>::new();
+            // Values up to 63: two steps to a flush.
+            const { assert!(steps_in_16_bits(63) >= 2) };
+            for u in 0..2 {
+                let v = W::load(ql.add(64 * u));
+                let (hl, hh) = if u == 0 {
+                    (q6_high::<W, 0>(h), q6_high::<W, 1>(h))
+                } else {
+                    (q6_high::<W, 2>(h), q6_high::<W, 3>(h))
+                };
+                let lo = W::or(W::and(v, low), hl);
+                let hi = W::or(W::and(W::shr16::<4>(v), low), hh);
+                let x = q.add(at.r0 * k + s * 256 + 16 * t + 8 * u);
+                nibble_step(&mut sums, lo, hi, x, k);
+                sums.flush();
+            }
+            let sc = W::mul(sc, d);
             for r in 0..MR {
                 // The values are stored plus 32: take 32 times the activation sum back out.
                 let off = *acts
                     .bsums_x32
-                    .get_unchecked(((r0 + r) * k + s * 256) / 16 + t);
-                let sum = _mm512_sub_epi32(chain_sum::<MR>(&a, &a2, r), _mm512_set1_epi32(off));
-                sbacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, sbacc[r]);
+                    .get_unchecked(((at.r0 + r) * k + s * 256) / 16 + t);
+                let sum = W::sub32(sums.total(r), W::splat32(off));
+                sbacc[r] = W::fmadd(W::cvt(sum), sc, sbacc[r]);
             }
         }
-        add_super_block::<MR>(&mut acc, &sbacc, acts, r0, s);
+        at.add_super_block::<W, MR>(&mut acc, &sbacc, s);
     }
-    store_rows::<MR>(&acc, out, stride);
+    at.store::<W, MR>(&acc);
 }
 
 /// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
 /// each byte of `h`, moved to bit 4.
 #[inline(always)]
-unsafe fn q5_high(h: __m512i, bit: u32) -> __m512i {
-    let m = _mm512_set1_epi8(0x10);
+unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
     let v = match bit {
-        0 => _mm512_slli_epi16(h, 4),
-        1 => _mm512_slli_epi16(h, 3),
-        2 => _mm512_slli_epi16(h, 2),
-        3 => _mm512_slli_epi16(h, 1),
+        0 => W::shl16::<4>(h),
+        1 => W::shl16::<3>(h),
+        2 => W::shl16::<2>(h),
+        3 => W::shl16::<1>(h),
         4 => h,
-        5 => _mm512_srli_epi16(h, 1),
-        6 => _mm512_srli_epi16(h, 2),
-        _ => _mm512_srli_epi16(h, 3),
+        5 => W::shr16::<1>(h),
+        6 => W::shr16::<2>(h),
+        _ => W::shr16::<3>(h),
     };
-    _mm512_and_si512(v, m)
+    W::and(v, W::bytes(0x10))
 }
 
-/// Packed 32-column formats (see `packed`), units of two blocks, as `packed_q4k`: per block and
-/// row, the integer sum of the block times the weight scale times the activation scale, plus the
-/// format's offset per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer
-/// activation sum out before scaling).
+/// Packed 32-column formats (see `packed`), units of two blocks: per block and row, the integer
+/// sum of the block times the weight scale times the activation scale, plus the format's offset
+/// per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer activation sum
+/// out before scaling).
 #[inline(always)]
-unsafe fn packed32<const VNNI: bool, const F: u8, const MR: usize>(
+unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
     group: &[u8],
     units: usize,
-    acts: &QuantizedActs,
-    r0: usize,
-    out: *mut f32,
-    stride: usize,
+    at: &Rows,
 ) {
     let bytes = const { Format::from_code(F).packed_bytes() };
     let values = const { Format::from_code(F).packed_values() };
     let lines = bytes / 64;
-    let low = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); MR];
+    let low = W::bytes(0x0F);
+    let mut acc = [W::zero_f(); MR];
+    let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in 0..units {
         let blk = group.as_ptr().add(s * bytes);
-        // The unit after next, half per block.
-        prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
-        prefetch_lines(
-            blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
-            lines - lines / 2,
-        );
+        if l0 == 0 {
+            // The unit after next, half per block.
+            prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
+            prefetch_lines(
+                blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
+                lines - lines / 2,
+            );
+        }
         for h in 0..2 {
-            let dw = f16x16(blk.add(PACKED_D + 32 * h));
+            let dw = W::f16s(blk.add(PACKED_D + 32 * h + 2 * l0));
             let off = match F {
-                Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
-                Q4_1 => f16x16(blk.add(q4_1::PACKED_M + 32 * h)),
-                Q5_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-16.0)),
-                _ => _mm512_setzero_ps(),
+                Q4_0 => W::mul(dw, W::splat(-8.0)),
+                Q4_1 => W::f16s(blk.add(q4_1::PACKED_M + 32 * h + 2 * l0)),
+                Q5_0 => W::mul(dw, W::splat(-16.0)),
+                _ => W::zero_f(),
             };
-            let mut a = [_mm512_setzero_si512(); MR];
-            let mut a2 = [_mm512_setzero_si512(); MR];
+            let mut sums = Sums::<W, VNNI, MR>::new();
             let x0 = 64 * s + 32 * h;
             if F == Q8_0 {
                 for u in 0..8 {
-                    let w = _mm512_loadu_si512(blk.add(values + 512 * h + 64 * u) as *const _);
+                    let w = W::load(blk.add(values + 512 * h + 64 * u + 4 * l0));
                     // Without VNNI: the signed bytes (stored plus 128), as |w| and sign.
-                    let (w_abs, w_neg) = if VNNI {
-                        (w, 0)
-                    } else {
-                        let signed = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
-                        (_mm512_abs_epi8(signed), _mm512_movepi8_mask(signed))
-                    };
+                    let signed = W::xor(w, W::bytes(-128));
+                    let (w_abs, sign) = (W::abs8(signed), W::sign_of(signed));
                     for r in 0..MR {
-                        let xp = q.add((r0 + r) * k + x0 + 4 * u);
-                        let chain = if split_chains::<MR>() && u % 2 == 1 {
-                            &mut a2[r]
+                        let x = W::bcast4(q.add((at.r0 + r) * k + x0 + 4 * u));
+                        if VNNI {
+                            sums.step(r, u % 2 == 1, w, x);
                         } else {
-                            &mut a[r]
-                        };
-                        *chain = if VNNI {
-                            dp4::<VNNI>(*chain, w, bcast4(xp))
-                        } else {
-                            dp4_signed(*chain, w_abs, w_neg, bcast4(xp))
-                        };
+                            sums.step_signed(r, w_abs, sign, x);
+                        }
                     }
                 }
             } else {
                 let high = if F == Q5_0 {
-                    _mm512_loadu_si512(blk.add(q5_0::PACKED_QH + 64 * h) as *const _)
+                    W::load(blk.add(q5_0::PACKED_QH + 64 * h + 4 * l0))
                 } else {
-                    _mm512_setzero_si512()
+                    W::zero()
                 };
+                const { assert!(steps_in_16_bits(15) >= 8 && steps_in_16_bits(31) >= 4) };
                 for u in 0..4 {
-                    let v = _mm512_loadu_si512(blk.add(values + 256 * h + 64 * u) as *const _);
-                    let mut lo = _mm512_and_si512(v, low);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    let v = W::load(blk.add(values + 256 * h + 64 * u + 4 * l0));
+                    let mut lo = W::and(v, low);
+                    let mut hi = W::and(W::shr16::<4>(v), low);
                     if F == Q5_0 {
-                        lo = _mm512_or_si512(lo, q5_high(high, 2 * u as u32));
-                        hi = _mm512_or_si512(hi, q5_high(high, 2 * u as u32 + 1));
+                        lo = W::or(lo, q5_high::<W>(high, 2 * u as u32));
+                        hi = W::or(hi, q5_high::<W>(high, 2 * u as u32 + 1));
                     }
-                    let x = q.add(r0 * k + x0 + 8 * u);
-                    nibble_step::<VNNI, MR>(&mut a, &mut a2, lo, hi, x, k);
+                    let x = q.add(at.r0 * k + x0 + 8 * u);
+                    nibble_step(&mut sums, lo, hi, x, k);
+                    // Four-bit values: eight steps to a flush; Q5_0's five bits: four.
+                    if F == Q5_0 && u % 2 == 1 {
+                        sums.flush();
+                    }
+                }
+                if F != Q5_0 {
+                    sums.flush();
                 }
             }
             for r in 0..MR {
-                let bi = ((r0 + r) * k + x0) / 32;
-                let mut sum = chain_sum::<MR>(&a, &a2, r);
+                let bi = ((at.r0 + r) * k + x0) / 32;
+                let mut sum = sums.total(r);
                 if F == Q8_0 && VNNI {
                     // The unsigned products counted each activation 128 times too often.
                     let bias = *acts.isums.get_unchecked(bi) << 7;
-                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(bias));
+                    sum = W::sub32(sum, W::splat32(bias));
                 }
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*acts.d.get_unchecked(bi)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+                let scale = W::mul(dw, W::splat(*acts.d.get_unchecked(bi)));
+                acc[r] = W::fmadd(W::cvt(sum), scale, acc[r]);
                 if F != Q8_0 {
-                    let ds = _mm512_set1_ps(*acts.ds.get_unchecked(bi));
-                    acc[r] = _mm512_fmadd_ps(off, ds, acc[r]);
+                    let ds = W::splat(*acts.ds.get_unchecked(bi));
+                    acc[r] = W::fmadd(off, ds, acc[r]);
                 }
             }
         }
     }
-    store_rows::<MR>(&acc, out, stride);
+    at.store::<W, MR>(&acc);
 }
 
+/// The rows of group `g` against activation rows `r0..r0 + m`, a register's worth of weight rows
+/// (`W::LANES`) at a time.
 #[inline(always)]
-unsafe fn packed_tile<const VNNI: bool, const MR: usize>(
-    p: &Packed,
-    g: usize,
-    acts: &QuantizedActs,
-    r0: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    let group = p.group(g);
-    let n = p.units();
-    match p.format {
-        Format::Q4K => packed_q4k::<VNNI, MR>(group, n, acts, r0, out, stride),
-        Format::Q6K => packed_q6k::<VNNI, MR>(group, n, acts, r0, out, stride),
-        Format::Q4_0 => packed32::<VNNI, Q4_0, MR>(group, n, acts, r0, out, stride),
-        Format::Q4_1 => packed32::<VNNI, Q4_1, MR>(group, n, acts, r0, out, stride),
-        Format::Q5_0 => packed32::<VNNI, Q5_0, MR>(group, n, acts, r0, out, stride),
-        Format::Q8_0 => packed32::<VNNI, Q8_0, MR>(group, n, acts, r0, out, stride),
-    }
-}
-
-/// `packed_rows_vnni` / `packed_rows_avx512` with the product step as a parameter.
-#[inline(always)]
-unsafe fn packed_rows<const VNNI: bool>(
+unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
     p: &Packed,
     g: usize,
     acts: &QuantizedActs,
@@ -391,21 +476,17 @@ unsafe fn packed_rows<const VNNI: bool>(
     out: *mut f32,
     stride: usize,
 ) {
-    let mut r = 0;
-    while r < m {
-        let o = out.add(r * stride);
-        let n = (m - r).min(8);
-        match n {
-            8 => packed_tile::<VNNI, 8>(p, g, acts, r0 + r, o, stride),
-            7 => packed_tile::<VNNI, 7>(p, g, acts, r0 + r, o, stride),
-            6 => packed_tile::<VNNI, 6>(p, g, acts, r0 + r, o, stride),
-            5 => packed_tile::<VNNI, 5>(p, g, acts, r0 + r, o, stride),
-            4 => packed_tile::<VNNI, 4>(p, g, acts, r0 + r, o, stride),
-            3 => packed_tile::<VNNI, 3>(p, g, acts, r0 + r, o, stride),
-            2 => packed_tile::<VNNI, 2>(p, g, acts, r0 + r, o, stride),
-            _ => packed_tile::<VNNI, 1>(p, g, acts, r0 + r, o, stride),
-        }
-        r += n;
+    for lane0 in (0..ROWS).step_by(W::LANES) {
+        let tile = Tile {
+            p,
+            g,
+            lane0,
+            acts,
+            r0,
+            out,
+            stride,
+        };
+        W::tiles::<VNNI>(&tile, m);
     }
 }
 
@@ -427,7 +508,7 @@ pub(crate) unsafe fn packed_rows_vnni(
     out: *mut f32,
     stride: usize,
 ) {
-    packed_rows::<true>(p, g, acts, r0, m, out, stride)
+    packed_rows::<Zmm, true>(p, g, acts, r0, m, out, stride)
 }
 
 /// `packed_rows_vnni` for CPUs with AVX-512 BW but without VNNI: the same results, bit for bit.
@@ -444,5 +525,58 @@ pub(crate) unsafe fn packed_rows_avx512(
     out: *mut f32,
     stride: usize,
 ) {
-    packed_rows::<false>(p, g, acts, r0, m, out, stride)
+    packed_rows::<Zmm, false>(p, g, acts, r0, m, out, stride)
+}
+
+/// `packed_rows_vnni` on 256-bit registers with `vpmaddubsw` + `vpmaddwd`: the same results, bit
+/// for bit, up to four activation rows per pass over each half of the group.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; otherwise as `packed_rows_vnni`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn packed_rows_avx2(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    packed_rows::<Ymm<false>, false>(p, g, acts, r0, m, out, stride)
+}
+
+/// `packed_rows_avx2` with AVX-VNNI's 256-bit `vpdpbusd`: the same results, bit for bit.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-VNNI; otherwise as `packed_rows_vnni`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(crate) unsafe fn packed_rows_avx_vnni(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    packed_rows::<Ymm<false>, true>(p, g, acts, r0, m, out, stride)
+}
+
+/// `packed_rows_avx_vnni` with the AVX-512 VL encoding of the 256-bit `vpdpbusd`, for CPUs with
+/// AVX-512 VNNI but not AVX-VNNI.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C, AVX-512 F, VL and VNNI; otherwise as `packed_rows_vnni`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(crate) unsafe fn packed_rows_avx_vnni_evex(
+    p: &Packed,
+    g: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    packed_rows::<Ymm<true>, true>(p, g, acts, r0, m, out, stride)
 }

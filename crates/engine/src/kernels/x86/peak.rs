@@ -1,0 +1,95 @@
+//! The int8 peak of one core: a register-resident loop of the step the packed kernels build their
+//! sums from, u8 x s8 products into 32-bit sums (`vpdpbusd` with VNNI, else `vpmaddubsw` +
+//! `vpmaddwd` + `vpaddd`), eight independent chains so that the loop is bound by throughput, not
+//! latency. Written in assembly so that the compiler can neither hoist the loop-invariant products
+//! nor fold the chains. Each function returns the multiply-adds it did.
+
+use std::arch::asm;
+
+/// A loop of `iters` times eight steps of `$bytes` products each.
+macro_rules! peak_fn {
+    ($name:ident, $features:literal, $class:ident, $bytes:expr, $step:ident) => {
+        /// # Safety
+        /// The CPU must have the features named in `#[target_feature]`.
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(iters: usize) -> u64 {
+            let n = iters.max(1);
+            // SAFETY: only registers are read and written (the caller promises the features).
+            unsafe {
+                asm!(
+                    "vpxor {a0:x}, {a0:x}, {a0:x}",
+                    "vpxor {a1:x}, {a1:x}, {a1:x}",
+                    "vpxor {a2:x}, {a2:x}, {a2:x}",
+                    "vpxor {a3:x}, {a3:x}, {a3:x}",
+                    "vpxor {a4:x}, {a4:x}, {a4:x}",
+                    "vpxor {a5:x}, {a5:x}, {a5:x}",
+                    "vpxor {a6:x}, {a6:x}, {a6:x}",
+                    "vpxor {a7:x}, {a7:x}, {a7:x}",
+                    // Bytes of 1 for the weights and activations, 16-bit ones for `vpmaddwd`.
+                    "vpcmpeqb {w:x}, {w:x}, {w:x}",
+                    "vpxor {t:x}, {t:x}, {t:x}",
+                    "vpsrlw {ones:x}, {w:x}, 15",
+                    "vpabsb {x:x}, {w:x}",
+                    "vpbroadcastw {ones}, {ones:x}",
+                    "vpbroadcastb {x}, {x:x}",
+                    "vpbroadcastb {w}, {x:x}",
+                    "2:",
+                    $step!("a0"),
+                    $step!("a1"),
+                    $step!("a2"),
+                    $step!("a3"),
+                    $step!("a4"),
+                    $step!("a5"),
+                    $step!("a6"),
+                    $step!("a7"),
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) n => _,
+                    w = out($class) _,
+                    x = out($class) _,
+                    ones = out($class) _,
+                    t = out($class) _,
+                    a0 = out($class) _,
+                    a1 = out($class) _,
+                    a2 = out($class) _,
+                    a3 = out($class) _,
+                    a4 = out($class) _,
+                    a5 = out($class) _,
+                    a6 = out($class) _,
+                    a7 = out($class) _,
+                    options(nomem, nostack),
+                );
+            }
+            (n * 8 * $bytes) as u64
+        }
+    };
+}
+
+macro_rules! madd_step {
+    ($a:literal) => {
+        concat!(
+            "vpmaddubsw {t}, {w}, {x}\n",
+            "vpmaddwd {t}, {t}, {ones}\n",
+            "vpaddd {", $a, "}, {", $a, "}, {t}"
+        )
+    };
+}
+
+macro_rules! dp_step {
+    ($a:literal) => {
+        concat!("vpdpbusd {", $a, "}, {w}, {x}")
+    };
+}
+
+/// AVX-VNNI's encoding of the same instruction.
+macro_rules! vex_dp_step {
+    ($a:literal) => {
+        concat!("{{vex}} vpdpbusd {", $a, "}, {w}, {x}")
+    };
+}
+
+peak_fn!(peak_avx2, "avx2", ymm_reg, 32, madd_step);
+peak_fn!(peak_avx_vnni, "avx2,avxvnni", ymm_reg, 32, vex_dp_step);
+peak_fn!(peak_avx_vnni_evex, "avx2,avx512f,avx512vl,avx512vnni", ymm_reg, 32, dp_step);
+peak_fn!(peak_avx512, "avx2,avx512f,avx512bw", zmm_reg, 64, madd_step);
+peak_fn!(peak_avx512_vnni, "avx2,avx512f,avx512bw,avx512vnni", zmm_reg, 64, dp_step);

@@ -1,0 +1,314 @@
+//! The register widths the packed kernels (`packed`) and the int8 peak (`peak`) are written over:
+//! the handful of integer and float operations they use, on 512-bit (`Zmm`) or 256-bit (`Ymm`)
+//! registers. Every method is `unsafe` and inlined: it may only run inside a function compiled
+//! for the instructions it uses, which its caller's `#[target_feature]` names.
+
+use std::arch::x86_64::*;
+
+/// One register width of the packed kernels: the handful of operations they are made of.
+pub(super) trait Width {
+    type I: Copy;
+    type F: Copy;
+    /// What `with_sign` needs of a signed weight vector.
+    type Sign: Copy;
+    /// Weight rows per register (of the sixteen in a group).
+    const LANES: usize;
+    unsafe fn zero() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// `LANES * 4` bytes.
+    unsafe fn load(p: *const u8) -> Self::I;
+    /// Four activation bytes at `p`, broadcast to every lane.
+    unsafe fn bcast4(p: *const i8) -> Self::I;
+    unsafe fn bytes(v: i8) -> Self::I;
+    unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn xor(a: Self::I, b: Self::I) -> Self::I;
+    /// Shifts of each 16-bit lane by `N` (a constant count, which the compiler turns into an
+    /// immediate).
+    unsafe fn shr16<const N: u32>(a: Self::I) -> Self::I;
+    unsafe fn shl16<const N: u32>(a: Self::I) -> Self::I;
+    unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn splat32(v: i32) -> Self::I;
+    unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
+    /// `vpmaddubsw`: unsigned `w` by signed `x`, adjacent pairs summed to i16 (saturating).
+    unsafe fn maddubs(w: Self::I, x: Self::I) -> Self::I;
+    /// `vpmaddwd` by ones: adjacent i16 pairs summed to i32.
+    unsafe fn widen_pairs(p: Self::I) -> Self::I;
+    /// `vpdpbusd`: `acc` plus the four products of unsigned `w` by signed `x` per 32-bit lane.
+    unsafe fn dpbusd(acc: Self::I, w: Self::I, x: Self::I) -> Self::I;
+    unsafe fn abs8(w: Self::I) -> Self::I;
+    unsafe fn sign_of(w: Self::I) -> Self::Sign;
+    /// `x` negated where the weight is negative (zero or unchanged where it is zero).
+    unsafe fn with_sign(x: Self::I, s: Self::Sign) -> Self::I;
+    /// `LANES` f16 values.
+    unsafe fn f16s(p: *const u8) -> Self::F;
+    /// `LANES` unsigned or signed bytes as floats.
+    unsafe fn u8s(p: *const u8) -> Self::F;
+    unsafe fn i8s(p: *const u8) -> Self::F;
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `c - a * b`.
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn splat(v: f32) -> Self::F;
+    unsafe fn store(p: *mut f32, v: Self::F);
+}
+
+/// 512-bit registers: the sixteen rows of a group in one.
+pub(super) struct Zmm;
+
+/// 256-bit registers: eight rows of a group in one. `EVEX`: `vpdpbusd` in its AVX-512 VL encoding
+/// instead of AVX-VNNI's (the same instruction, on CPUs that have AVX-512 VNNI, so that the AVX-VNNI
+/// kernels run and are tested there too).
+pub(super) struct Ymm<const EVEX: bool>;
+
+impl Width for Zmm {
+    type I = __m512i;
+    type F = __m512;
+    type Sign = __mmask64;
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512i {
+        _mm512_loadu_si512(p as *const _)
+    }
+    #[inline(always)]
+    unsafe fn bcast4(p: *const i8) -> __m512i {
+        _mm512_set1_epi32((p as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn bytes(v: i8) -> __m512i {
+        _mm512_set1_epi8(v)
+    }
+    #[inline(always)]
+    unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_and_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_or_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_xor_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn shr16<const N: u32>(a: __m512i) -> __m512i {
+        _mm512_srl_epi16(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
+    unsafe fn shl16<const N: u32>(a: __m512i) -> __m512i {
+        _mm512_sll_epi16(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
+    unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat32(v: i32) -> __m512i {
+        _mm512_set1_epi32(v)
+    }
+    #[inline(always)]
+    unsafe fn add16(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn maddubs(w: __m512i, x: __m512i) -> __m512i {
+        _mm512_maddubs_epi16(w, x)
+    }
+    #[inline(always)]
+    unsafe fn widen_pairs(p: __m512i) -> __m512i {
+        _mm512_madd_epi16(p, _mm512_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, w, x)
+    }
+    #[inline(always)]
+    unsafe fn abs8(w: __m512i) -> __m512i {
+        _mm512_abs_epi8(w)
+    }
+    #[inline(always)]
+    unsafe fn sign_of(w: __m512i) -> __mmask64 {
+        _mm512_movepi8_mask(w)
+    }
+    #[inline(always)]
+    unsafe fn with_sign(x: __m512i, s: __mmask64) -> __m512i {
+        _mm512_mask_sub_epi8(x, s, _mm512_setzero_si512(), x)
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn u8s(p: *const u8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fnmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m512 {
+        _mm512_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+}
+
+impl<const EVEX: bool> Width for Ymm<EVEX> {
+    type I = __m256i;
+    type F = __m256;
+    type Sign = __m256i;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m256i {
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn bcast4(p: *const i8) -> __m256i {
+        _mm256_set1_epi32((p as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn bytes(v: i8) -> __m256i {
+        _mm256_set1_epi8(v)
+    }
+    #[inline(always)]
+    unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_and_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_or_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_xor_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn shr16<const N: u32>(a: __m256i) -> __m256i {
+        _mm256_srl_epi16(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
+    unsafe fn shl16<const N: u32>(a: __m256i) -> __m256i {
+        _mm256_sll_epi16(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
+    unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat32(v: i32) -> __m256i {
+        _mm256_set1_epi32(v)
+    }
+    #[inline(always)]
+    unsafe fn add16(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn maddubs(w: __m256i, x: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(w, x)
+    }
+    #[inline(always)]
+    unsafe fn widen_pairs(p: __m256i) -> __m256i {
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        if EVEX {
+            _mm256_dpbusd_epi32(acc, w, x)
+        } else {
+            _mm256_dpbusd_avx_epi32(acc, w, x)
+        }
+    }
+    #[inline(always)]
+    unsafe fn abs8(w: __m256i) -> __m256i {
+        _mm256_abs_epi8(w)
+    }
+    #[inline(always)]
+    unsafe fn sign_of(w: __m256i) -> __m256i {
+        w
+    }
+    #[inline(always)]
+    unsafe fn with_sign(x: __m256i, s: __m256i) -> __m256i {
+        _mm256_sign_epi8(x, s)
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn u8s(p: *const u8) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fnmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+}
