@@ -68,6 +68,10 @@ impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
     }
 }
 
+/// Bytes of a group's units each register's rows go over in turn, where a register holds fewer
+/// than the sixteen rows (see `packed_rows`).
+const CHUNK_BYTES: usize = 4096;
+
 /// Prefetches the `n` cache lines from `p`, which may lie past the data (prefetches never fault).
 #[inline(always)]
 unsafe fn prefetch_lines(p: *const u8, n: usize) {
@@ -164,12 +168,15 @@ unsafe fn nibble_step<W: Width, const VNNI: bool, const MR: usize>(
     }
 }
 
-/// What one tile computes: the weight rows `lane0..lane0 + W::LANES` of group `g` against
-/// activation rows `r0 + r..` (`run`), results to `out + r * stride + lane0`.
+/// What one tile computes: the weight rows `lane0..lane0 + W::LANES` of group `g` over its units
+/// `s0..s1` against activation rows `r0 + r..` (`run`), results to `out + r * stride + lane0`
+/// (and taken from there to go on with when `s0 > 0`).
 struct Tile<'a> {
     p: &'a Packed,
     g: usize,
     lane0: usize,
+    s0: usize,
+    s1: usize,
     acts: &'a QuantizedActs,
     r0: usize,
     out: *mut f32,
@@ -180,36 +187,51 @@ impl Tile<'_> {
     #[inline(always)]
     unsafe fn run<W: Width, const VNNI: bool, const MR: usize>(&self, r: usize) {
         let group = self.p.group(self.g);
-        let n = self.p.units();
         let at = Rows {
             acts: self.acts,
             r0: self.r0 + r,
             lane0: self.lane0,
+            s0: self.s0,
+            s1: self.s1,
             out: self.out.add(r * self.stride + self.lane0),
             stride: self.stride,
         };
         match self.p.format {
-            Format::Q4K => packed_q4k::<W, VNNI, MR>(group, n, &at),
-            Format::Q6K => packed_q6k::<W, VNNI, MR>(group, n, &at),
-            Format::Q4_0 => packed32::<W, VNNI, Q4_0, MR>(group, n, &at),
-            Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(group, n, &at),
-            Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(group, n, &at),
-            Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(group, n, &at),
+            Format::Q4K => packed_q4k::<W, VNNI, MR>(group, &at),
+            Format::Q6K => packed_q6k::<W, VNNI, MR>(group, &at),
+            Format::Q4_0 => packed32::<W, VNNI, Q4_0, MR>(group, &at),
+            Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(group, &at),
+            Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(group, &at),
+            Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(group, &at),
         }
     }
 }
 
-/// A tile's activation rows, the register's first weight row in the group, and where its results
-/// go.
+/// A tile's activation rows, the register's first weight row in the group, its units, and where
+/// its results go.
 struct Rows<'a> {
     acts: &'a QuantizedActs,
     r0: usize,
     lane0: usize,
+    s0: usize,
+    s1: usize,
     out: *mut f32,
     stride: usize,
 }
 
 impl Rows<'_> {
+    /// Each row's float sums to start from: zero, or where the units before `s0` left them.
+    #[inline(always)]
+    unsafe fn start<W: Width, const MR: usize>(&self) -> [W::F; MR] {
+        let mut acc = [W::zero_f(); MR];
+        if self.s0 > 0 {
+            for r in 0..MR {
+                acc[r] = W::loadf(self.out.add(r * self.stride));
+            }
+        }
+        acc
+    }
+
     /// End of a K-quant super-block: each row's scaled sum times its activation scale.
     #[inline(always)]
     unsafe fn add_super_block<W: Width, const MR: usize>(
@@ -234,27 +256,21 @@ impl Rows<'_> {
 
 /// Packed Q4_K (see `packed`).
 #[inline(always)]
-unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(
-    group: &[u8],
-    nsb: usize,
-    at: &Rows,
-) {
+unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(group: &[u8], at: &Rows) {
     let low = W::bytes(0x0F);
-    let mut acc = [W::zero_f(); MR];
+    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
-    for s in 0..nsb {
+    for s in at.s0..at.s1 {
         let blk = group.as_ptr().add(s * q4k::PACKED_BYTES);
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
         let mut sbacc = [W::zero_f(); MR];
         for j in 0..8 {
             let qs = blk.add(q4k::PACKED_QS + 256 * j + 4 * l0);
-            if l0 == 0 {
-                // The next super-block, spread over this one's eight steps (37 lines).
-                prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
-            }
+            // The next super-block, spread over this one's eight steps (37 lines).
+            prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
             let sc = W::u8s(blk.add(q4k::PACKED_SCALES + 16 * j + l0));
             let mn = W::u8s(blk.add(q4k::PACKED_MINS + 16 * j + l0));
             let mut sums = Sums::<W, VNNI, MR>::new();
@@ -295,26 +311,20 @@ unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
 
 /// Packed Q6_K (see `packed`).
 #[inline(always)]
-unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(
-    group: &[u8],
-    nsb: usize,
-    at: &Rows,
-) {
+unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(group: &[u8], at: &Rows) {
     let low = W::bytes(0x0F);
-    let mut acc = [W::zero_f(); MR];
+    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
-    for s in 0..nsb {
+    for s in at.s0..at.s1 {
         let blk = group.as_ptr().add(s * q6k::PACKED_BYTES);
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         let mut sbacc = [W::zero_f(); MR];
         for t in 0..16 {
             let ql = blk.add(q6k::PACKED_QL + 128 * t + 4 * l0);
-            if l0 == 0 {
-                // The next super-block, spread over this one's sixteen steps (53 lines).
-                prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
-            }
+            // The next super-block, spread over this one's sixteen steps (53 lines).
+            prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
             let h = W::load(blk.add(q6k::PACKED_QH + 64 * t + 4 * l0));
             let sc = W::i8s(blk.add(q6k::PACKED_SCALES + 16 * t + l0));
             let mut sums = Sums::<W, VNNI, MR>::new();
@@ -372,27 +382,24 @@ unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
 #[inline(always)]
 unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
     group: &[u8],
-    units: usize,
     at: &Rows,
 ) {
     let bytes = const { Format::from_code(F).packed_bytes() };
     let values = const { Format::from_code(F).packed_values() };
     let lines = bytes / 64;
     let low = W::bytes(0x0F);
-    let mut acc = [W::zero_f(); MR];
+    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
-    for s in 0..units {
+    for s in at.s0..at.s1 {
         let blk = group.as_ptr().add(s * bytes);
-        if l0 == 0 {
-            // The unit after next, half per block.
-            prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
-            prefetch_lines(
-                blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
-                lines - lines / 2,
-            );
-        }
+        // The unit after next, half per block.
+        prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
+        prefetch_lines(
+            blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
+            lines - lines / 2,
+        );
         for h in 0..2 {
             let dw = W::f16s(blk.add(PACKED_D + 32 * h + 2 * l0));
             let off = match F {
@@ -465,7 +472,9 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
 }
 
 /// The rows of group `g` against activation rows `r0..r0 + m`, a register's worth of weight rows
-/// (`W::LANES`) at a time.
+/// (`W::LANES`) at a time. Narrow registers take the group's units a few kilobytes at a time,
+/// every register's rows over those before the next: the later registers read the lines the first
+/// brought in while they are still in L1, and the first keeps memory busy for all.
 #[inline(always)]
 unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
     p: &Packed,
@@ -476,17 +485,27 @@ unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
     out: *mut f32,
     stride: usize,
 ) {
-    for lane0 in (0..ROWS).step_by(W::LANES) {
-        let tile = Tile {
-            p,
-            g,
-            lane0,
-            acts,
-            r0,
-            out,
-            stride,
-        };
-        W::tiles::<VNNI>(&tile, m);
+    let units = p.units();
+    let chunk = if W::LANES == ROWS {
+        units
+    } else {
+        (CHUNK_BYTES / p.format.packed_bytes()).clamp(1, units)
+    };
+    for s0 in (0..units).step_by(chunk) {
+        for lane0 in (0..ROWS).step_by(W::LANES) {
+            let tile = Tile {
+                p,
+                g,
+                lane0,
+                s0,
+                s1: (s0 + chunk).min(units),
+                acts,
+                r0,
+                out,
+                stride,
+            };
+            W::tiles::<VNNI>(&tile, m);
+        }
     }
 }
 

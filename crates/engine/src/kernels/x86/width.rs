@@ -53,6 +53,7 @@ pub(super) trait Width {
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn splat(v: f32) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
+    unsafe fn loadf(p: *const f32) -> Self::F;
 }
 
 /// 512-bit registers: the sixteen rows of a group in one.
@@ -184,6 +185,10 @@ impl Width for Zmm {
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)
     }
+    #[inline(always)]
+    unsafe fn loadf(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
 }
 
 impl<const EVEX: bool> Width for Ymm<EVEX> {
@@ -310,5 +315,9 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
         _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn loadf(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
     }
 }
