@@ -16,17 +16,14 @@
 //! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
 //! its prompt and output to it when it finishes.
 
-use crate::api::Tenant;
 use crate::metrics::Metrics;
+use crate::tenant::{Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
-use drafting::{Corpus, PredictionTable, SharedCorpus, SharedPredictions, MAX_TREE_TOP_K};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -77,10 +74,7 @@ impl Scheduler {
         let (tx, rx) = sync_channel(config.max_queue);
         let max_seqs = config.max_num_seqs.max(1);
         let ctx = config.max_model_len;
-        let corpora = Corpora {
-            tokens: config.corpus_tokens,
-            by_tenant: HashMap::new(),
-        };
+        let corpora = Corpora::new(config.corpus_tokens);
         std::thread::Builder::new()
             .name("pld-engine".into())
             .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, &metrics))
@@ -97,31 +91,6 @@ impl Scheduler {
             Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
-    }
-}
-
-/// What each tenant's earlier requests left for drafting: its corpus of prompts and outputs and
-/// its table of the model's predictions, created on its first request.
-struct Corpora {
-    tokens: usize,
-    by_tenant: HashMap<Tenant, (SharedCorpus, SharedPredictions)>,
-}
-
-impl Corpora {
-    /// Lets `seq` draft from what its tenant's earlier requests left (nothing when the corpus is
-    /// off).
-    fn attach(&mut self, tenant: Tenant, seq: &mut Sequence) {
-        if self.tokens == 0 {
-            return;
-        }
-        let tokens = self.tokens;
-        let (corpus, predictions) = self.by_tenant.entry(tenant).or_insert_with(|| {
-            (
-                Arc::new(Mutex::new(Corpus::new(tokens))),
-                Arc::new(Mutex::new(PredictionTable::new(MAX_TREE_TOP_K))),
-            )
-        });
-        seq.set_tenant_sources(corpus.clone(), predictions.clone());
     }
 }
 
@@ -319,11 +288,7 @@ fn engine_loop(
                 let per = (now - first).as_secs_f64() / (completion - 1) as f64;
                 metrics.time_per_output_token.observe(per);
             }
-            if let Some((c, _)) = corpora.by_tenant.get(&r.tenant) {
-                let mut document = r.seq.prompt_tokens().to_vec();
-                document.extend_from_slice(r.seq.generated_tokens());
-                c.lock().unwrap_or_else(|e| e.into_inner()).add(&document);
-            }
+            corpora.add(r.tenant, &r.seq);
             let s = &r.seq.stats;
             tracing::info!(
                 prompt_tokens = prompt,
