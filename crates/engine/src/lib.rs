@@ -10,22 +10,27 @@ pub mod gguf;
 pub mod grammar;
 pub mod kernels;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod model;
 pub mod pass_cost;
 pub mod sampling;
+pub mod sequence;
+pub mod stats;
+pub mod step;
 pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
 pub use chat::{ChatTemplate, Message, PromptEnd};
 pub use error::{EngineError, Result};
-pub use generate::{
-    generate, step, BySource, FinishReason, GenerationConfig, GenerationOutput, Sequence,
-    SpecStats, TokenLogprob,
-};
+pub use generate::{generate, FinishReason, GenerationConfig, GenerationOutput};
 pub use grammar::ResponseFormat;
+pub use logprobs::TokenLogprob;
 pub use model::{Config, Model};
 pub use sampling::SamplingParams;
+pub use sequence::Sequence;
+pub use stats::{BySource, SpecStats};
+pub use step::step;
 pub use tokenizer::Tokenizer;
 
 use std::path::{Path, PathBuf};

@@ -7,6 +7,8 @@
 //! q = delta(d) this is the standard speculative sampling rule min(1, p/q) and residual
 //! (p - q)+ / |p - q|+, so every emitted token is distributed exactly as p.
 
+pub(crate) mod constrained;
+
 use crate::sampling::{greedy, Distribution, SamplingParams};
 use drafting::{DraftTree, ROOT};
 use rand::Rng;

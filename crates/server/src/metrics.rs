@@ -93,13 +93,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Adds drafted and accepted tokens by draft source.
-    pub fn count_by_source(&self, drafted: engine::BySource, accepted: engine::BySource) {
+    /// Adds what speculation did in one step of one sequence (`SpecStats::since` the step).
+    pub fn count_step(&self, s: &engine::SpecStats) {
+        let add = |a: &AtomicU64, v: usize| a.fetch_add(v as u64, Ordering::Relaxed);
+        add(&self.draft_tokens, s.draft_tokens);
+        add(&self.accepted_tokens, s.accepted_tokens);
+        add(&self.verification_steps, s.steps);
         for (counts, more) in [
-            (&self.drafted_by_source, drafted),
-            (&self.accepted_by_source, accepted),
+            (&self.drafted_by_source, &s.drafted_by_source),
+            (&self.accepted_by_source, &s.accepted_by_source),
         ] {
-            counts.lock().unwrap_or_else(|e| e.into_inner()).add(&more);
+            counts.lock().unwrap_or_else(|e| e.into_inner()).add(more);
         }
     }
 
