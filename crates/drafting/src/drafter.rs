@@ -237,7 +237,8 @@ impl Drafter {
     /// How many top candidates per verified row the drafter wants through
     /// [`record_predictions`](Self::record_predictions) (0: none, the model source is off).
     pub fn wants_predictions(&self) -> usize {
-        if self.method == SpecMethod::Tree && self.sources.model && self.max_tokens > 0 {
+        if self.method == SpecMethod::Tree && self.sources.has(Source::Model) && self.max_tokens > 0
+        {
             self.top_k
         } else {
             0
@@ -313,7 +314,7 @@ impl Drafter {
     /// The candidate children of `node` (holding `token` after `prev`, at `depth`, with
     /// probability `p`) from the model's prediction table.
     fn push_predictions(&mut self, node: u32, prev: Option<u32>, token: u32, depth: usize, p: f64) {
-        if !self.sources.model {
+        if !self.sources.has(Source::Model) {
             return;
         }
         let mut next = [0u32; MAX_TREE_TOP_K];
@@ -358,7 +359,7 @@ impl Drafter {
             run_tokens.extend_from_slice(tokens);
         };
         let tokens = self.index.tokens();
-        if self.sources.ngram {
+        if self.sources.has(Source::Ngram) {
             self.index.for_each_occurrence(MAX_OCCURRENCES, |n, from| {
                 add_run(
                     Source::Ngram,
@@ -368,7 +369,7 @@ impl Drafter {
                 true
             });
         }
-        if let (true, Some(corpus)) = (self.sources.corpus, self.corpus.as_ref()) {
+        if let (true, Some(corpus)) = (self.sources.has(Source::Corpus), self.corpus.as_ref()) {
             let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
             lock(corpus).for_each_continuation(suffix, k, MAX_OCCURRENCES, |n, run| {
                 add_run(Source::Corpus, n, run);

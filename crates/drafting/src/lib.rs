@@ -37,6 +37,7 @@
 //! assert_eq!(draft, [7, 8]);
 //! ```
 
+mod by_source;
 mod config;
 mod corpus;
 mod drafter;
@@ -49,6 +50,7 @@ mod scan;
 mod spec_config;
 pub mod tree;
 
+pub use by_source::BySource;
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
 pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
 pub use drafter::{Drafter, SharedCorpus, SharedPredictions};

@@ -14,29 +14,44 @@ pub const ROOT: u32 = u32::MAX;
 /// the engine marks a row's ancestors in one 64-bit word).
 pub const MAX_NODES: usize = 63;
 
-/// Where a drafted node came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Source {
+/// Declares [`Source`] with its variants, their names and `Source::ALL`, so that a new draft
+/// source is one line here (and a `BySource` table of every kind grows with it).
+macro_rules! sources {
+    ($($(#[doc = $doc:expr])* $variant:ident => $name:literal,)+) => {
+        /// Where a drafted node came from.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Source {
+            $($(#[doc = $doc])* $variant,)+
+        }
+
+        impl Source {
+            /// Every source, in declaration order.
+            pub const ALL: [Source; [$($name),+].len()] = [$(Source::$variant),+];
+
+            /// The name used in reports and settings.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Source::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+sources! {
     /// The n-gram index over the sequence (prompt and output): what followed the current suffix
     /// where it occurred before.
-    Ngram,
+    Ngram => "ngram",
     /// The model's own earlier predictions: the top candidates its logits gave after this token.
-    Model,
+    Model => "model",
     /// Earlier requests' prompts and outputs (the server's corpus).
-    Corpus,
+    Corpus => "corpus",
 }
 
 impl Source {
-    /// Every source, in declaration order.
-    pub const ALL: [Source; 3] = [Source::Ngram, Source::Model, Source::Corpus];
-
-    /// The name used in reports and settings.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Source::Ngram => "ngram",
-            Source::Model => "model",
-            Source::Corpus => "corpus",
-        }
+    /// The source a name means, if any.
+    pub fn from_name(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.name() == name)
     }
 
     pub(crate) const fn index(self) -> usize {

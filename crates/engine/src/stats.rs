@@ -1,8 +1,9 @@
 //! What speculation did: drafted, accepted and emitted tokens per generation, and per draft
 //! source.
 
-use drafting::{DraftTree, Source};
-use serde::{Deserialize, Serialize};
+pub use drafting::BySource;
+use drafting::DraftTree;
+use serde::Serialize;
 use std::time::Duration;
 
 /// What speculation did during one generation.
@@ -22,39 +23,6 @@ pub struct SpecStats {
     pub accepted_by_source: BySource,
     #[serde(skip)]
     pub propose_time: Duration,
-}
-
-/// A count per draft source.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BySource {
-    pub ngram: usize,
-    pub model: usize,
-    pub corpus: usize,
-}
-
-impl BySource {
-    pub fn get_mut(&mut self, source: Source) -> &mut usize {
-        match source {
-            Source::Ngram => &mut self.ngram,
-            Source::Model => &mut self.model,
-            Source::Corpus => &mut self.corpus,
-        }
-    }
-
-    pub fn add(&mut self, other: &BySource) {
-        self.ngram += other.ngram;
-        self.model += other.model;
-        self.corpus += other.corpus;
-    }
-
-    /// What was counted since `earlier` (a copy of these counts taken before).
-    pub fn since(&self, earlier: &BySource) -> BySource {
-        BySource {
-            ngram: self.ngram - earlier.ngram,
-            model: self.model - earlier.model,
-            corpus: self.corpus - earlier.corpus,
-        }
-    }
 }
 
 impl SpecStats {
@@ -104,10 +72,10 @@ impl SpecStats {
         self.draft_tokens += tree.len();
         self.accepted_tokens += path.len();
         for &s in tree.sources() {
-            *self.drafted_by_source.get_mut(s) += 1;
+            self.drafted_by_source[s] += 1;
         }
         for &n in path {
-            *self.accepted_by_source.get_mut(tree.sources()[n]) += 1;
+            self.accepted_by_source[tree.sources()[n]] += 1;
         }
     }
 }

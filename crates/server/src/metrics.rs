@@ -65,8 +65,7 @@ pub struct Metrics {
     pub draft_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
     pub verification_steps: AtomicU64,
-    /// Drafted and accepted tokens by draft source (ngram, model, corpus), as the engine's
-    /// `BySource` counts them.
+    /// Drafted and accepted tokens by draft source, as the engine's `BySource` counts them.
     pub drafted_by_source: Mutex<engine::BySource>,
     pub accepted_by_source: Mutex<engine::BySource>,
     pub time_to_first_token: Histogram,
@@ -177,11 +176,9 @@ impl Metrics {
 # TYPE {name} counter
 "
             ));
-            for (source, v) in [("ngram", c.ngram), ("model", c.model), ("corpus", c.corpus)] {
-                out.push_str(&format!(
-                    "{name}{{source=\"{source}\"}} {v}
-"
-                ));
+            for (source, v) in c.iter() {
+                let source = source.name();
+                out.push_str(&format!("{name}{{source=\"{source}\"}} {v}\n"));
             }
         }
         let drafts = get(&self.draft_tokens);
