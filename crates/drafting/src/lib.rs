@@ -55,7 +55,7 @@ pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NG
 pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
 pub use drafter::{Drafter, SharedCorpus, SharedPredictions};
 pub use index::NgramIndex;
-pub use length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
+pub use length::{DraftLength, PRIOR_PRICE};
 pub use pass_cost::PassCost;
 pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;

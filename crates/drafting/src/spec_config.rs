@@ -263,24 +263,26 @@ impl SpecConfig {
         self.num_speculative_tokens > 0
     }
 
-    /// The n-gram lookup these settings describe, or an error naming the field out of range.
-    pub fn ngram(&self) -> Result<NgramConfig, SpecError> {
-        NgramConfig::new(self.prompt_lookup_min, self.prompt_lookup_max)
-            .map(|c| c.with_policy(self.match_policy))
-            .map_err(|e| SpecError {
+    /// The n-gram lookup these settings describe.
+    pub fn ngram(&self) -> NgramConfig {
+        NgramConfig {
+            min_n: self.prompt_lookup_min,
+            max_n: self.prompt_lookup_max,
+            policy: self.match_policy,
+        }
+    }
+
+    /// The one check of the settings, made by [`merge`](Self::merge) (the n-gram range and the
+    /// tree's shape matter only when speculation is on); an error names the field at fault.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.enabled() {
+            self.ngram().validate().map_err(|e| SpecError {
                 field: match e {
                     ConfigError::MaxTooLarge { .. } => "prompt_lookup_max",
                     ConfigError::MinNZero | ConfigError::MinAboveMax { .. } => "prompt_lookup_min",
                 },
                 message: e.to_string(),
-            })
-    }
-
-    /// Checks the settings (the n-gram range and the tree's shape matter only when speculation
-    /// is on).
-    pub fn validate(&self) -> Result<(), SpecError> {
-        if self.enabled() {
-            self.ngram()?;
+            })?;
         }
         if self.enabled() && self.method == SpecMethod::Tree {
             if !(1..=crate::tree::MAX_NODES).contains(&self.tree_max_nodes) {
@@ -314,7 +316,7 @@ impl SpecConfig {
 
     /// The one precedence rule of every surface: `self` (the defaults), then the
     /// `speculative_config` object, then the top-level settings (flags or request fields). The
-    /// result is validated.
+    /// result is validated, and the rest (the engine, the drafter) trusts it.
     pub fn merge(
         &self,
         speculative_config: Option<&SpecOverrides>,

@@ -26,7 +26,8 @@ pub struct GenerationConfig {
     #[serde(flatten)]
     pub sampling: SamplingParams,
     pub seed: Option<u64>,
-    /// How to draft (`num_speculative_tokens` = 0 turns speculation off).
+    /// How to draft (`num_speculative_tokens` = 0 turns speculation off), as `SpecConfig::merge`
+    /// checked it.
     pub speculation: SpecConfig,
     /// Strings that end generation; they are not part of the output text.
     pub stop: Vec<String>,
@@ -54,6 +55,8 @@ impl Default for GenerationConfig {
 }
 
 impl GenerationConfig {
+    /// Checks the sampling settings and the token budget. The speculation settings are checked
+    /// once, by `SpecConfig::merge` on every surface, and trusted here.
     pub fn validate(&self) -> Result<()> {
         self.sampling
             .validate()
@@ -63,9 +66,7 @@ impl GenerationConfig {
                 "max_new_tokens must be at least 1".into(),
             ));
         }
-        self.speculation
-            .validate()
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))
+        Ok(())
     }
 }
 

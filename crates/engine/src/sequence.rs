@@ -34,7 +34,7 @@ pub struct Sequence {
     /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
     pub(crate) draft_limit: usize,
     /// Price of a drafted row set by a scheduler, overriding the sequence's own estimate.
-    pub(crate) draft_cost: Option<f64>,
+    pub(crate) draft_price: Option<f64>,
     pub(crate) config: GenerationConfig,
     pub(crate) rng: ChaCha8Rng,
     pub(crate) phase: Phase,
@@ -92,9 +92,7 @@ impl Sequence {
                     ..config.speculation
                 }
             };
-            let d = Drafter::new(&spec, &prompt)
-                .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
-            Some(d)
+            Some(Drafter::new(&spec, &prompt))
         } else {
             None
         };
@@ -108,7 +106,7 @@ impl Sequence {
             cache: model.new_cache(capacity),
             drafter,
             draft_limit: usize::MAX,
-            draft_cost: None,
+            draft_price: None,
             config,
             rng,
             phase: Phase::Prefill(0),
@@ -201,9 +199,9 @@ impl Sequence {
     }
 
     /// The price of a drafted row in plain tokens, as a scheduler measured it for the current
-    /// batch (`PassCost::draft_token_cost`); `None` lets the sequence use its own estimate.
-    pub fn set_draft_cost(&mut self, cost: Option<f64>) {
-        self.draft_cost = cost;
+    /// batch (`PassCost::price`); `None` lets the sequence use its own estimate.
+    pub fn set_draft_price(&mut self, price: Option<f64>) {
+        self.draft_price = price;
     }
 
     /// Whether the prompt is still being fed (the next pass is not a decode step).

@@ -129,7 +129,7 @@ impl Sequence {
         let room = self.cache.capacity() - self.cache.len() - 1;
         let left = self.config.max_new_tokens - generated - 1;
         let limit = self.draft_limit.min(room).min(left);
-        let price = self.draft_cost;
+        let price = self.draft_price;
         let mut tree = match self.drafter.as_mut().filter(|_| limit > 0) {
             Some(d) => {
                 let t0 = Instant::now();

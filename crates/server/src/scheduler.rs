@@ -176,9 +176,9 @@ fn measure_cost(lm: &LoadedModel) -> PassCost {
     };
     tracing::info!(
         one_row_ms = format!("{:.1}", cost.seconds(1) * 1e3),
-        draft_price_1 = format!("{:.2}", cost.draft_token_cost(1)),
-        draft_price_4 = format!("{:.2}", cost.draft_token_cost(4)),
-        draft_price_8 = format!("{:.2}", cost.draft_token_cost(8)),
+        draft_price_1 = format!("{:.2}", cost.price(1)),
+        draft_price_4 = format!("{:.2}", cost.price(4)),
+        draft_price_8 = format!("{:.2}", cost.price(8)),
         "pass costs measured"
     );
     cost
@@ -225,17 +225,17 @@ impl EngineLoop<'_> {
     /// pass refines the pass costs, and what speculation did is counted.
     fn step(&mut self) -> engine::Result<()> {
         let n = self.running.len();
-        let price = self.cost.draft_token_cost(n);
+        let price = self.cost.price(n);
         let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
         let before: Vec<SpecStats> = self
             .running
             .iter_mut()
             .map(|r| {
                 if r.seq.config().sampling.is_greedy() {
-                    r.seq.set_draft_cost(Some(price));
+                    r.seq.set_draft_price(Some(price));
                     r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
                 } else {
-                    r.seq.set_draft_cost(None);
+                    r.seq.set_draft_price(None);
                     r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
                 }
                 r.seq.stats.clone()

@@ -305,7 +305,7 @@ fn config(
         Some(Stop::One(s)) => vec![s.clone()],
         Some(Stop::Many(v)) => v.clone(),
     };
-    let config = GenerationConfig {
+    Ok(GenerationConfig {
         max_new_tokens: max_tokens.min(room),
         sampling,
         seed: req.seed,
@@ -313,11 +313,7 @@ fn config(
         stop,
         logprobs: logprobs(req, kind)?,
         response_format: response_format(req, state)?,
-    };
-    config
-        .validate()
-        .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-    Ok(config)
+    })
 }
 
 /// The sampling settings, in OpenAI's ranges where they are narrower than the engine's.
