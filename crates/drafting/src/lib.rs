@@ -64,7 +64,7 @@ pub use spec_config::{
     DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,
     DEFAULT_TREE_TOP_K, MAX_TREE_TOP_K, METHODS,
 };
-pub use tree::{DraftTree, Source, ROOT};
+pub use tree::{pass_row, path_rows, DraftTree, Source, ROOT};
 
 /// Where a proposal came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,8 +7,23 @@
 //! tokens. A chain, what plain prompt lookup drafts, is the tree in which every node is the only
 //! child of the one before it.
 
-/// The parent of a child of the last committed token.
+/// The parent of a child of the last committed token, and of the first row of a pass over a tree
+/// (the row of that token).
 pub const ROOT: u32 = u32::MAX;
+
+/// The row of the verifying pass that holds `node`: row 0 holds the last committed token (the
+/// tree's root, [`ROOT`]), row `i + 1` holds node `i`. The one conversion between the two.
+pub const fn pass_row(node: u32) -> usize {
+    node.wrapping_add(1) as usize
+}
+
+/// The pass rows whose logits predicted each token emitted after a verification: the root's,
+/// then each node's of the accepted `path`.
+pub fn path_rows(path: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(path.iter().map(|&n| pass_row(n as u32)))
+        .collect()
+}
 
 /// The most nodes a tree may hold (a pass row is also needed for the last committed token, and
 /// the engine marks a row's ancestors in one 64-bit word).
@@ -161,6 +176,18 @@ impl DraftTree {
         (0..self.len()).filter(move |&i| self.parents[i] == parent)
     }
 
+    /// Each pass row's parent row, for a pass over this tree when it is not a chain: [`ROOT`] for
+    /// row 0 (the last committed token), then [`pass_row`] of each node's parent. Empty for a
+    /// chain, where each row follows the one before.
+    pub fn row_parents(&self) -> Vec<u32> {
+        if self.is_chain() {
+            return Vec::new();
+        }
+        std::iter::once(ROOT)
+            .chain(self.parents.iter().map(|&p| pass_row(p) as u32))
+            .collect()
+    }
+
     /// Whether every node is the only child of the node before it.
     pub fn is_chain(&self) -> bool {
         self.parents
@@ -238,6 +265,11 @@ mod tests {
         assert_eq!(t.children(1).collect::<Vec<_>>(), [2, 3]);
         assert!(!t.is_chain());
         assert!(DraftTree::chain(&[7, 8, 9], Source::Ngram).is_chain());
+        // Rows of a pass: row 0 is the root, row i + 1 node i.
+        assert_eq!(t.row_parents(), [ROOT, 0, 1, 2, 2, 0]);
+        assert_eq!(path_rows(&[0, 1, 3]), [0, 1, 2, 4]);
+        assert_eq!(pass_row(ROOT), 0);
+        assert!(DraftTree::chain(&[7, 8], Source::Ngram).row_parents().is_empty());
         // The budget stops a path part-way.
         assert_eq!(t.insert_path(4, &[6, 7], Source::Model, 6), 1);
         assert_eq!(t.len(), 6);

@@ -206,15 +206,12 @@ pub struct BatchItem<'a> {
     pub cache: &'a mut KvCache,
     pub all_logits: bool,
     /// Empty for a chain (each token follows the one before). For a draft tree, the parent of
-    /// each row as an earlier row index, [`TREE_ROOT`] for the first row (the last committed
-    /// token): every row takes the next cache slot but sees only the committed cache and its own
+    /// each row as an earlier row index, [`drafting::ROOT`] for the first row (the last committed
+    /// token; see `DraftTree::row_parents`): every row takes the next cache slot but sees only the committed cache and its own
     /// ancestors, at position committed length + depth. After verification the accepted path is
     /// made consecutive with [`KvCache::keep_rows`].
     pub parents: &'a [u32],
 }
-
-/// The parent of a tree's first row.
-pub const TREE_ROOT: u32 = u32::MAX;
 
 /// The most rows a tree may have (a row's ancestors are one 64-bit mask).
 pub const MAX_TREE_ROWS: usize = 64;

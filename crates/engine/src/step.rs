@@ -7,13 +7,12 @@
 use crate::error::Result;
 use crate::generate::PREFILL_CHUNK;
 use crate::logprobs::top_ids;
-use crate::model::TREE_ROOT;
 use crate::model::{BatchItem, Model};
 use crate::sequence::{Phase, Sequence};
 use crate::tokenizer::Tokenizer;
 use crate::verify::constrained::{cut_draft, first_token, verify_constrained};
 use crate::verify::{verify, verify_tree};
-use drafting::DraftTree;
+use drafting::{path_rows, DraftTree};
 use std::time::{Duration, Instant};
 
 /// One sequence's inputs to a pass.
@@ -113,7 +112,7 @@ impl Sequence {
                 Some(PassInput {
                     seq: si,
                     tokens,
-                    parents: row_parents(&tree),
+                    parents: tree.row_parents(),
                     tree,
                 })
             }
@@ -182,9 +181,7 @@ impl Sequence {
         };
         // The rows whose logits predicted each emitted token: the root's, then each accepted
         // node's. Keep the cache for the root and the accepted path only.
-        let kept: Vec<usize> = std::iter::once(0)
-            .chain(verdict.path.iter().map(|&n| n + 1))
-            .collect();
+        let kept = path_rows(&verdict.path);
         self.cache.keep_rows(start, &kept);
         self.stats.count_step(&tree, &verdict.path);
         self.teach_drafter(rows, &verdict.path, tokens.len(), pass);
@@ -217,16 +214,5 @@ impl Sequence {
         if self.config.sampling.is_greedy() && pass.alone {
             d.observe_cost(rows, pass.elapsed.as_secs_f64());
         }
-    }
-}
-
-/// Row parents for the model when the tree is not a chain (see `BatchItem::parents`).
-fn row_parents(tree: &DraftTree) -> Vec<u32> {
-    if tree.is_chain() {
-        Vec::new()
-    } else {
-        std::iter::once(TREE_ROOT)
-            .chain(tree.parents().iter().map(|&p| p.wrapping_add(1)))
-            .collect()
     }
 }

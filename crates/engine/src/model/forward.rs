@@ -2,12 +2,13 @@
 //! cache slot, position, tree and window masks), the attention plan, then per layer the attention
 //! block and the feed-forward block, and the output head on the rows whose logits are wanted.
 
-use super::{Attention, BatchItem, Mlp, Model, MAX_TREE_ROWS, TREE_ROOT};
+use super::{Attention, BatchItem, Mlp, Model, MAX_TREE_ROWS};
 use crate::config::{Activation, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kernels;
 use crate::kv_cache::KvCache;
 use crate::weights;
+use drafting::ROOT;
 
 /// Where every row of a pass goes. A chain's row i goes to slot start + i at position start + i;
 /// a tree's node also takes slot start + i but is rotated at start + its depth, and sees only the
@@ -63,7 +64,7 @@ impl Rows {
                 let first = rows.pos.len() - i; // the item's first row
                 let (pos, mask) = match item.parents.get(i) {
                     None => (start + i, 0),
-                    Some(&TREE_ROOT) => (start, 1u64),
+                    Some(&ROOT) => (start, 1u64),
                     Some(&p) => {
                         let p = first + p as usize;
                         (rows.pos[p] + 1, rows.mask[p] | 1u64 << i)
@@ -409,7 +410,7 @@ fn check_tree(parents: &[u32], rows: usize) -> Result<()> {
     if rows > MAX_TREE_ROWS {
         return bad(format!("{rows} rows, at most {MAX_TREE_ROWS}"));
     }
-    if parents[0] != TREE_ROOT {
+    if parents[0] != ROOT {
         return bad("the first row must be the root".into());
     }
     match parents[1..]
