@@ -269,7 +269,9 @@ mod tests {
         assert_eq!(t.row_parents(), [ROOT, 0, 1, 2, 2, 0]);
         assert_eq!(path_rows(&[0, 1, 3]), [0, 1, 2, 4]);
         assert_eq!(pass_row(ROOT), 0);
-        assert!(DraftTree::chain(&[7, 8], Source::Ngram).row_parents().is_empty());
+        assert!(DraftTree::chain(&[7, 8], Source::Ngram)
+            .row_parents()
+            .is_empty());
         // The budget stops a path part-way.
         assert_eq!(t.insert_path(4, &[6, 7], Source::Model, 6), 1);
         assert_eq!(t.len(), 6);
