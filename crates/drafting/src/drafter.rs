@@ -22,9 +22,9 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
 use crate::corpus::Corpus;
-use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_DRAFT_TOKEN_COST};
+use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
 use crate::predictions::PredictionTable;
-use crate::spec_config::{SpecConfig, SpecError, SpecMethod, TreeSources, MAX_TREE_TOP_K};
+use crate::spec_config::{SpecConfig, SpecMethod, MAX_TREE_TOP_K};
 use crate::tree::{DraftTree, Source, ROOT};
 use crate::{NgramIndex, MAX_NGRAM};
 
@@ -149,12 +149,9 @@ impl Ord for Candidate {
 pub struct Drafter {
     index: NgramIndex,
     length: DraftLength,
-    /// Most tokens drafted per step (K): a chain's length, a tree's depth.
-    max_tokens: usize,
-    adaptive: bool,
-    method: SpecMethod,
-    max_nodes: usize,
-    sources: TreeSources,
+    /// The settings, as `SpecConfig::merge` checked them (`num_speculative_tokens`, K: a chain's
+    /// length, a tree's depth).
+    config: SpecConfig,
     /// The draft of the current step.
     tree: DraftTree,
     /// A chain draft's tokens, before they become `tree` (scratch).
@@ -165,8 +162,6 @@ pub struct Drafter {
     classes: Vec<u8>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
     predictions: SharedPredictions,
-    /// Candidates per token taken from the table (`tree_top_k`).
-    top_k: usize,
     corpus: Option<SharedCorpus>,
     rates: TreeRates,
     /// When a tree that pays for nothing still sends its best node.
@@ -179,25 +174,23 @@ pub struct Drafter {
 }
 
 impl Drafter {
-    /// Begins drafting over `prompt` with the given settings (which must have speculation on to
-    /// draft anything; K = 0 gives a drafter that never proposes).
-    pub fn new(config: &SpecConfig, prompt: &[u32]) -> Result<Self, SpecError> {
-        config.validate()?;
-        let ngram = config.ngram()?;
-        Ok(Drafter {
-            index: NgramIndex::with_tokens(ngram, prompt),
-            length: DraftLength::new(PRIOR_DRAFT_TOKEN_COST),
-            max_tokens: config.num_speculative_tokens,
-            adaptive: config.adaptive,
-            method: config.method,
-            max_nodes: config.tree_max_nodes.min(crate::tree::MAX_NODES),
-            sources: config.tree_sources,
+    /// Begins drafting over `prompt` with settings checked by [`SpecConfig::merge`] (speculation
+    /// on to draft anything; K = 0 gives a drafter that never proposes). Settings built by hand
+    /// are taken as they are, a tree's sizes clamped to what a tree holds, as
+    /// [`NgramIndex::new`] clamps the n-gram range.
+    pub fn new(config: &SpecConfig, prompt: &[u32]) -> Self {
+        let mut config = *config;
+        config.tree_max_nodes = config.tree_max_nodes.min(crate::tree::MAX_NODES);
+        config.tree_top_k = config.tree_top_k.min(MAX_TREE_TOP_K);
+        Drafter {
+            index: NgramIndex::with_tokens(config.ngram(), prompt),
+            length: DraftLength::new(PRIOR_PRICE),
+            config,
             tree: DraftTree::new(),
             chain: Vec::with_capacity(config.num_speculative_tokens),
             draft_match: 0,
             classes: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
-            top_k: config.tree_top_k,
             corpus: None,
             rates: TreeRates::new(),
             probes: Probes::new(),
@@ -205,7 +198,7 @@ impl Drafter {
             run_tokens: Vec::new(),
             heap: BinaryHeap::new(),
             expanded: Vec::new(),
-        })
+        }
     }
 
     /// Drafts also from `corpus` (method `tree` with the corpus source on).
@@ -237,8 +230,11 @@ impl Drafter {
     /// How many top candidates per verified row the drafter wants through
     /// [`record_predictions`](Self::record_predictions) (0: none, the model source is off).
     pub fn wants_predictions(&self) -> usize {
-        if self.method == SpecMethod::Tree && self.sources.model && self.max_tokens > 0 {
-            self.top_k
+        if self.config.method == SpecMethod::Tree
+            && self.config.tree_sources.has(Source::Model)
+            && self.config.num_speculative_tokens > 0
+        {
+            self.config.tree_top_k
         } else {
             0
         }
@@ -281,14 +277,14 @@ impl Drafter {
         self.tree.clear();
         self.classes.clear();
         self.draft_match = 0;
-        let k = self.max_tokens.min(limit);
+        let k = self.config.num_speculative_tokens.min(limit);
         if k == 0 {
             return &self.tree;
         }
-        let price = price.unwrap_or(self.length.alpha());
-        match self.method {
+        let price = price.unwrap_or(self.length.price());
+        match self.config.method {
             SpecMethod::Ngram => self.propose_chain(k, price),
-            SpecMethod::Tree => self.propose_tree(k, limit.min(self.max_nodes), price),
+            SpecMethod::Tree => self.propose_tree(k, limit.min(self.config.tree_max_nodes), price),
         }
         &self.tree
     }
@@ -296,8 +292,8 @@ impl Drafter {
     fn propose_chain(&mut self, k: usize, price: f64) {
         if let Some(m) = self.index.propose(k, &mut self.chain) {
             self.draft_match = m.n;
-            if self.adaptive {
-                let keep = self.length.choose_at_cost(price, m.n, self.chain.len());
+            if self.config.adaptive {
+                let keep = self.length.choose_at_price(price, m.n, self.chain.len());
                 self.chain.truncate(keep);
             }
         }
@@ -313,14 +309,14 @@ impl Drafter {
     /// The candidate children of `node` (holding `token` after `prev`, at `depth`, with
     /// probability `p`) from the model's prediction table.
     fn push_predictions(&mut self, node: u32, prev: Option<u32>, token: u32, depth: usize, p: f64) {
-        if !self.sources.model {
+        if !self.config.tree_sources.has(Source::Model) {
             return;
         }
         let mut next = [0u32; MAX_TREE_TOP_K];
         let count = {
             let table = lock(&self.predictions);
             let found = table.get(prev, token);
-            let n = found.len().min(self.top_k);
+            let n = found.len().min(self.config.tree_top_k);
             next[..n].copy_from_slice(&found[..n]);
             n
         };
@@ -358,7 +354,7 @@ impl Drafter {
             run_tokens.extend_from_slice(tokens);
         };
         let tokens = self.index.tokens();
-        if self.sources.ngram {
+        if self.config.tree_sources.has(Source::Ngram) {
             self.index.for_each_occurrence(MAX_OCCURRENCES, |n, from| {
                 add_run(
                     Source::Ngram,
@@ -368,7 +364,10 @@ impl Drafter {
                 true
             });
         }
-        if let (true, Some(corpus)) = (self.sources.corpus, self.corpus.as_ref()) {
+        if let (true, Some(corpus)) = (
+            self.config.tree_sources.has(Source::Corpus),
+            self.corpus.as_ref(),
+        ) {
             let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
             lock(corpus).for_each_continuation(suffix, k, MAX_OCCURRENCES, |n, run| {
                 add_run(Source::Corpus, n, run);
@@ -400,7 +399,7 @@ impl Drafter {
             let rate = expected / (1.0 + price * rows);
             let existing = self.tree.child(c.parent, c.token);
             let full = self.tree.len() >= max_nodes;
-            if existing.is_none() && (full || (self.adaptive && c.p <= price * rate)) {
+            if existing.is_none() && (full || (self.config.adaptive && c.p <= price * rate)) {
                 // Everything left in the heap is less likely still.
                 break;
             }
@@ -442,7 +441,7 @@ impl Drafter {
             }
         }
         let gain = expected / (1.0 + price * self.tree.len() as f64);
-        if self.adaptive && gain < 1.0 + MIN_GAIN {
+        if self.config.adaptive && gain < 1.0 + MIN_GAIN {
             self.tree.clear();
             self.classes.clear();
             // Nothing pays: now and then send the single best node, so that estimates that are
@@ -469,7 +468,7 @@ impl Drafter {
     /// a step without a draft.
     pub fn observe(&mut self, path: &[usize]) {
         let drafted = self.tree.len();
-        match self.method {
+        match self.config.method {
             SpecMethod::Ngram if drafted == 0 => self.length.idle(),
             SpecMethod::Ngram => {
                 self.length
@@ -529,11 +528,11 @@ mod tests {
 
     #[test]
     fn proposes_what_followed_and_respects_the_limit() {
-        let mut d = Drafter::new(&config(8, false), &[1, 2, 3, 4, 5, 6, 1, 2]).unwrap();
+        let mut d = Drafter::new(&config(8, false), &[1, 2, 3, 4, 5, 6, 1, 2]);
         assert_eq!(d.propose(8, None).tokens(), [3, 4, 5, 6, 1, 2]);
         assert_eq!(d.propose(2, None).tokens(), [3, 4]);
         assert!(d.propose(0, None).is_empty(), "no room, no draft");
-        let mut short = Drafter::new(&config(3, false), d.tokens()).unwrap();
+        let mut short = Drafter::new(&config(3, false), d.tokens());
         assert_eq!(
             short.propose(8, None).tokens(),
             [3, 4, 5],
@@ -544,7 +543,7 @@ mod tests {
     #[test]
     fn outcomes_steer_later_drafts() {
         // A sequence whose repeats never continue the same way: every draft is rejected.
-        let mut d = Drafter::new(&config(8, true), &[7, 1, 7, 2, 7, 3, 7]).unwrap();
+        let mut d = Drafter::new(&config(8, true), &[7, 1, 7, 2, 7, 3, 7]);
         let mut sent = 0;
         for t in 0..200u32 {
             sent += d.propose(8, Some(0.1)).len();
@@ -556,7 +555,7 @@ mod tests {
         assert!(sent < 40, "{sent} tokens sent");
         assert!(d.length().acceptance(1) < 0.2);
         // A price no draft can pay sends nothing but probes, even for a perfect match.
-        let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]).unwrap();
+        let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]);
         assert!(e.propose(8, Some(5.0)).len() <= 1);
     }
 
@@ -566,7 +565,7 @@ mod tests {
         // grammar forbids the second): the estimate must see an accepted token, not an accepted
         // token and a rejected one.
         let run = |cut: bool| {
-            let mut d = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]).unwrap();
+            let mut d = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]);
             for _ in 0..30 {
                 let sent = d.propose(8, Some(0.1)).len();
                 if cut {
@@ -582,7 +581,7 @@ mod tests {
 
     #[test]
     fn truncate_rewinds_the_sequence() {
-        let mut d = Drafter::new(&config(4, false), &[1, 2, 3, 1]).unwrap();
+        let mut d = Drafter::new(&config(4, false), &[1, 2, 3, 1]);
         d.push(9);
         d.truncate(4);
         assert_eq!(d.tokens(), [1, 2, 3, 1]);
@@ -599,8 +598,7 @@ mod tests {
 
     #[test]
     fn a_tree_holds_every_earlier_continuation() {
-        let mut d =
-            Drafter::new(&tree_config(false, "ngram"), &[1, 2, 3, 5, 1, 2, 4, 1, 2]).unwrap();
+        let mut d = Drafter::new(&tree_config(false, "ngram"), &[1, 2, 3, 5, 1, 2, 4, 1, 2]);
         let t = d.propose(8, None);
         // "1 2" was followed by "4 1 2" and by "3 5 1 2" (cut at K = 4 deep); "2" adds nothing new.
         assert_eq!(
@@ -620,7 +618,7 @@ mod tests {
 
     #[test]
     fn the_model_source_expands_its_predictions() {
-        let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]).unwrap();
+        let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]);
         assert_eq!(d.wants_predictions(), 4);
         assert!(d.propose(8, None).is_empty(), "nothing recorded yet");
         lock(&d.predictions).record(None, 7, &[8, 9]);
@@ -647,8 +645,7 @@ mod tests {
 
     #[test]
     fn costly_rows_shrink_the_tree() {
-        let mut d =
-            Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]).unwrap();
+        let mut d = Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]);
         lock(&d.predictions).record(None, 2, &[3, 4, 5, 6]);
         let cheap = d.propose(8, Some(0.02)).len();
         let dear = d.propose(8, Some(0.3)).len();
@@ -664,7 +661,7 @@ mod tests {
     fn the_corpus_source_drafts_from_earlier_documents() {
         let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
         corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
-        let mut d = Drafter::new(&tree_config(false, "corpus"), &[9, 41, 42]).unwrap();
+        let mut d = Drafter::new(&tree_config(false, "corpus"), &[9, 41, 42]);
         assert!(d.propose(8, None).is_empty(), "no corpus yet");
         d.set_corpus(corpus);
         let t = d.propose(8, None);
@@ -676,9 +673,6 @@ mod tests {
     fn invalid_settings_are_refused() {
         let mut c = config(4, true);
         c.prompt_lookup_min = 5;
-        assert_eq!(
-            Drafter::new(&c, &[1]).unwrap_err().field,
-            "prompt_lookup_min"
-        );
+        assert_eq!(c.validate().unwrap_err().field, "prompt_lookup_min");
     }
 }

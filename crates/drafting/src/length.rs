@@ -1,14 +1,14 @@
 //! How many of the proposed tokens to send to verification.
 //!
-//! Verifying a draft is not free: a forward pass over `t` tokens costs `1 + alpha * (t - 1)` times a
-//! pass over one (alpha is small on a GPU and large on a CPU). With per-token acceptance
+//! Verifying a draft is not free: a forward pass over `t` tokens costs `1 + price * (t - 1)` times a
+//! pass over one (price is small on a GPU and large on a CPU). With per-token acceptance
 //! probability `a`, a draft of `k` tokens yields `(1 - a^(k+1)) / (1 - a)` tokens in expectation, so
 //! the best `k` maximizes that over the pass cost, and is 0 when no draft pays for itself. Free-form
 //! chat, where drafts are rarely right, then decodes at plain speed instead of slower.
 //!
 //! `DraftLength` estimates `a` separately for each matched n-gram size (a long match predicts
 //! better than a single repeated token) from decayed counts of accepted and rejected tokens, and
-//! `alpha` from the measured cost of passes. A sequence that does not draft (no draft pays at the
+//! `price` from the measured cost of passes. A sequence that does not draft (no draft pays at the
 //! current estimates and cost) still sends a one-token probe now and then, with the gap between
 //! probes doubling after each rejected one: a wrong guess about acceptance or cost can then never
 //! switch drafting off for good, accepted probes build the evidence that turns longer drafts back
@@ -16,10 +16,11 @@
 
 use crate::MAX_NGRAM;
 
-/// Prior guess of the extra cost of each drafted token in a pass, relative to a one-token pass
+/// Prior guess of the price of a drafted row: the extra cost of each drafted token in a pass,
+/// relative to a one-token pass
 /// (refined from measured pass times as a sequence decodes). `pld bench forward` puts it at
 /// 0.05-0.15 with the packed kernels on all three models.
-pub const PRIOR_DRAFT_TOKEN_COST: f64 = 0.1;
+pub const PRIOR_PRICE: f64 = 0.1;
 
 /// Decay of the acceptance counts per observation (an effective memory of about 20 drafts).
 const DECAY: f64 = 0.95;
@@ -84,18 +85,18 @@ pub struct DraftLength {
     accepted: [f64; MAX_NGRAM + 1],
     rejected: [f64; MAX_NGRAM + 1],
     /// Extra cost of each token beyond the first in a pass, relative to a one-token pass.
-    alpha: f64,
+    price: f64,
     one_token_cost: Option<f64>,
     probes: Probes,
 }
 
 impl DraftLength {
-    /// A controller with a prior guess of the per-token pass cost `alpha`.
-    pub fn new(alpha: f64) -> Self {
+    /// A controller with a prior guess of the per-token pass cost `price`.
+    pub fn new(price: f64) -> Self {
         DraftLength {
             accepted: [0.0; MAX_NGRAM + 1],
             rejected: [0.0; MAX_NGRAM + 1],
-            alpha: alpha.max(0.0),
+            price: price.max(0.0),
             one_token_cost: None,
             probes: Probes::new(),
         }
@@ -108,21 +109,22 @@ impl DraftLength {
             / (self.accepted[n] + self.rejected[n] + PRIOR_ACCEPT + PRIOR_REJECT)
     }
 
-    pub fn alpha(&self) -> f64 {
-        self.alpha
+    /// The price of a drafted row, in plain tokens, as learned from this sequence's passes.
+    pub fn price(&self) -> f64 {
+        self.price
     }
 
     /// The number of drafted tokens (at most `available`) to send for a match of size `n`: the one
     /// that maximizes expected tokens per unit of pass cost, or a one-token probe when no draft has
     /// been sent for a while.
     pub fn choose(&self, n: usize, available: usize) -> usize {
-        self.choose_at_cost(self.alpha, n, available)
+        self.choose_at_price(self.price, n, available)
     }
 
-    /// `choose` with the pass cost `alpha` given from outside (a scheduler that knows what a row
+    /// `choose` with the pass cost `price` given from outside (a scheduler that knows what a row
     /// costs in the current batch).
-    pub fn choose_at_cost(&self, alpha: f64, n: usize, available: usize) -> usize {
-        match self.best_length_at_cost(alpha, n, available) {
+    pub fn choose_at_price(&self, price: f64, n: usize, available: usize) -> usize {
+        match self.best_length_at_price(price, n, available) {
             0 if self.probes.due() => available.min(1),
             k => k,
         }
@@ -131,11 +133,11 @@ impl DraftLength {
     /// The number of drafted tokens (at most `available`) that maximizes expected tokens per unit
     /// of pass cost, for a match of size `n`.
     pub fn best_length(&self, n: usize, available: usize) -> usize {
-        self.best_length_at_cost(self.alpha, n, available)
+        self.best_length_at_price(self.price, n, available)
     }
 
-    fn best_length_at_cost(&self, alpha: f64, n: usize, available: usize) -> usize {
-        let alpha = alpha.max(0.0);
+    fn best_length_at_price(&self, price: f64, n: usize, available: usize) -> usize {
+        let price = price.max(0.0);
         let a = self.acceptance(n).min(0.999);
         let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
         let mut power = a; // a^(k)
@@ -143,7 +145,7 @@ impl DraftLength {
         for k in 1..=available {
             expected += power;
             power *= a;
-            let rate = expected / (1.0 + alpha * k as f64);
+            let rate = expected / (1.0 + price * k as f64);
             if rate > best.0 {
                 best = (rate, k);
             }
@@ -178,7 +180,7 @@ impl DraftLength {
         self.probes.idle();
     }
 
-    /// Records how long a pass over `tokens` tokens took, refining `alpha`.
+    /// Records how long a pass over `tokens` tokens took, refining `price`.
     pub fn observe_cost(&mut self, tokens: usize, seconds: f64) {
         if tokens == 1 {
             self.one_token_cost = Some(match self.one_token_cost {
@@ -188,7 +190,7 @@ impl DraftLength {
         } else if let Some(one) = self.one_token_cost {
             let per_token = ((seconds / one) - 1.0) / (tokens - 1) as f64;
             if per_token.is_finite() {
-                self.alpha = 0.8 * self.alpha + 0.2 * per_token.clamp(0.0, 2.0);
+                self.price = 0.8 * self.price + 0.2 * per_token.clamp(0.0, 2.0);
             }
         }
     }
@@ -221,9 +223,9 @@ mod tests {
         let a = c.acceptance(3);
         assert!(a > 0.85 && a < 0.95, "{a}");
         // At a price of 0.8 tokens per drafted row the best draft gains under 10%: none is sent.
-        assert_eq!(c.best_length_at_cost(0.8, 3, 8), 0);
+        assert_eq!(c.best_length_at_price(0.8, 3, 8), 0);
         // At 0.5 it clearly pays.
-        assert!(c.best_length_at_cost(0.5, 3, 8) > 0);
+        assert!(c.best_length_at_price(0.5, 3, 8) > 0);
     }
 
     #[test]
@@ -298,6 +300,6 @@ mod tests {
             c.observe_cost(1, 0.010);
             c.observe_cost(9, 0.014);
         }
-        assert!((c.alpha() - 0.05).abs() < 0.01, "{}", c.alpha());
+        assert!((c.price() - 0.05).abs() < 0.01, "{}", c.price());
     }
 }

@@ -37,6 +37,7 @@
 //! assert_eq!(draft, [7, 8]);
 //! ```
 
+mod by_source;
 mod config;
 mod corpus;
 mod drafter;
@@ -49,11 +50,12 @@ mod scan;
 mod spec_config;
 pub mod tree;
 
+pub use by_source::BySource;
 pub use config::{ConfigError, MatchPolicy, NgramConfig, ParsePolicyError, MAX_NGRAM};
 pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
 pub use drafter::{Drafter, SharedCorpus, SharedPredictions};
 pub use index::NgramIndex;
-pub use length::{DraftLength, PRIOR_DRAFT_TOKEN_COST};
+pub use length::{DraftLength, PRIOR_PRICE};
 pub use pass_cost::PassCost;
 pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
@@ -62,7 +64,7 @@ pub use spec_config::{
     DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,
     DEFAULT_TREE_TOP_K, MAX_TREE_TOP_K, METHODS,
 };
-pub use tree::{DraftTree, Source, ROOT};
+pub use tree::{pass_row, path_rows, DraftTree, Source, ROOT};
 
 /// Where a proposal came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

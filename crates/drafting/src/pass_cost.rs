@@ -74,7 +74,7 @@ impl PassCost {
     }
 
     /// The price of one drafted row, in plain tokens, for each of `n` sequences in a pass.
-    pub fn draft_token_cost(&self, n: usize) -> f64 {
+    pub fn price(&self, n: usize) -> f64 {
         let n = n.max(1);
         (self.seconds(2 * n) / self.seconds(n) - 1.0).max(0.0)
     }
@@ -99,15 +99,12 @@ mod tests {
         assert_eq!(c.seconds(3), 10.75);
         assert_eq!(c.seconds(12), 33.0);
         assert_eq!(c.seconds(32), 88.0, "linear past the last point");
+        assert!(c.price(1) < 0.1, "a lone sequence drafts almost for free");
         assert!(
-            c.draft_token_cost(1) < 0.1,
-            "a lone sequence drafts almost for free"
-        );
-        assert!(
-            (c.draft_token_cost(8) - 1.0).abs() < 1e-9,
+            (c.price(8) - 1.0).abs() < 1e-9,
             "compute-bound: a row per row"
         );
-        assert!(c.draft_token_cost(2) < c.draft_token_cost(4));
+        assert!(c.price(2) < c.price(4));
     }
 
     #[test]

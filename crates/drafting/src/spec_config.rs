@@ -12,7 +12,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::by_source::BySource;
 use crate::config::{ConfigError, MatchPolicy, NgramConfig};
+use crate::tree::Source;
 
 /// Default number of drafted tokens per step (see the README's Benchmarks section).
 pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
@@ -60,39 +62,24 @@ impl SpecMethod {
     }
 }
 
-/// Which sources feed a draft tree.
+/// Which sources feed a draft tree (all by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TreeSources {
-    /// The n-gram index over the sequence, with every earlier continuation.
-    pub ngram: bool,
-    /// The model's own earlier top candidates after each token.
-    pub model: bool,
-    /// Earlier requests of the same client (the server's corpus).
-    pub corpus: bool,
-}
+pub struct TreeSources(BySource<bool>);
 
 impl Default for TreeSources {
     fn default() -> Self {
-        TreeSources {
-            ngram: true,
-            model: true,
-            corpus: true,
-        }
+        TreeSources(BySource::from_fn(|_| true))
     }
 }
 
 impl TreeSources {
     /// Whether `source` is on.
-    pub fn has(&self, source: crate::Source) -> bool {
-        match source {
-            crate::Source::Ngram => self.ngram,
-            crate::Source::Model => self.model,
-            crate::Source::Corpus => self.corpus,
-        }
+    pub fn has(&self, source: Source) -> bool {
+        self.0[source]
     }
 
     fn names(&self) -> Vec<&'static str> {
-        crate::Source::ALL
+        Source::ALL
             .into_iter()
             .filter(|s| self.has(*s))
             .map(|s| s.name())
@@ -105,24 +92,18 @@ impl std::str::FromStr for TreeSources {
 
     /// A comma-separated list of source names (`ngram,model,corpus`).
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut out = TreeSources {
-            ngram: false,
-            model: false,
-            corpus: false,
-        };
+        let mut on = BySource::default();
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name {
-                "ngram" => out.ngram = true,
-                "model" => out.model = true,
-                "corpus" => out.corpus = true,
-                other => {
-                    return Err(format!(
-                        "unknown draft source '{other}' (known: ngram, model, corpus)"
-                    ))
-                }
-            }
+            let source = Source::from_name(name).ok_or_else(|| {
+                let known: Vec<_> = Source::ALL.iter().map(|s| s.name()).collect();
+                format!(
+                    "unknown draft source '{name}' (known: {})",
+                    known.join(", ")
+                )
+            })?;
+            on[source] = true;
         }
-        Ok(out)
+        Ok(TreeSources(on))
     }
 }
 
@@ -282,24 +263,26 @@ impl SpecConfig {
         self.num_speculative_tokens > 0
     }
 
-    /// The n-gram lookup these settings describe, or an error naming the field out of range.
-    pub fn ngram(&self) -> Result<NgramConfig, SpecError> {
-        NgramConfig::new(self.prompt_lookup_min, self.prompt_lookup_max)
-            .map(|c| c.with_policy(self.match_policy))
-            .map_err(|e| SpecError {
+    /// The n-gram lookup these settings describe.
+    pub fn ngram(&self) -> NgramConfig {
+        NgramConfig {
+            min_n: self.prompt_lookup_min,
+            max_n: self.prompt_lookup_max,
+            policy: self.match_policy,
+        }
+    }
+
+    /// The one check of the settings, made by [`merge`](Self::merge) (the n-gram range and the
+    /// tree's shape matter only when speculation is on); an error names the field at fault.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.enabled() {
+            self.ngram().validate().map_err(|e| SpecError {
                 field: match e {
                     ConfigError::MaxTooLarge { .. } => "prompt_lookup_max",
                     ConfigError::MinNZero | ConfigError::MinAboveMax { .. } => "prompt_lookup_min",
                 },
                 message: e.to_string(),
-            })
-    }
-
-    /// Checks the settings (the n-gram range and the tree's shape matter only when speculation
-    /// is on).
-    pub fn validate(&self) -> Result<(), SpecError> {
-        if self.enabled() {
-            self.ngram()?;
+            })?;
         }
         if self.enabled() && self.method == SpecMethod::Tree {
             if !(1..=crate::tree::MAX_NODES).contains(&self.tree_max_nodes) {
@@ -333,7 +316,7 @@ impl SpecConfig {
 
     /// The one precedence rule of every surface: `self` (the defaults), then the
     /// `speculative_config` object, then the top-level settings (flags or request fields). The
-    /// result is validated.
+    /// result is validated, and the rest (the engine, the drafter) trusts it.
     pub fn merge(
         &self,
         speculative_config: Option<&SpecOverrides>,
@@ -494,7 +477,7 @@ mod tests {
             .unwrap();
         assert_eq!(c.method, SpecMethod::Tree);
         assert_eq!(c.tree_max_nodes, 40);
-        assert!(c.tree_sources.model && !c.tree_sources.ngram);
+        assert!(c.tree_sources.has(Source::Model) && !c.tree_sources.has(Source::Ngram));
         // The top level can switch back to vLLM's chain.
         let top = SpecOverrides {
             method: Some("ngram".into()),
@@ -527,11 +510,7 @@ mod tests {
             method: SpecMethod::Tree,
             tree_max_nodes: 12,
             tree_top_k: 3,
-            tree_sources: TreeSources {
-                ngram: true,
-                model: false,
-                corpus: true,
-            },
+            tree_sources: "ngram,corpus".parse().unwrap(),
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(text.contains("\"match_policy\":\"earliest\""), "{text}");

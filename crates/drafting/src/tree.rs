@@ -7,36 +7,66 @@
 //! tokens. A chain, what plain prompt lookup drafts, is the tree in which every node is the only
 //! child of the one before it.
 
-/// The parent of a child of the last committed token.
+/// The parent of a child of the last committed token, and of the first row of a pass over a tree
+/// (the row of that token).
 pub const ROOT: u32 = u32::MAX;
+
+/// The row of the verifying pass that holds `node`: row 0 holds the last committed token (the
+/// tree's root, [`ROOT`]), row `i + 1` holds node `i`. The one conversion between the two.
+pub const fn pass_row(node: u32) -> usize {
+    node.wrapping_add(1) as usize
+}
+
+/// The pass rows whose logits predicted each token emitted after a verification: the root's,
+/// then each node's of the accepted `path`.
+pub fn path_rows(path: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(path.iter().map(|&n| pass_row(n as u32)))
+        .collect()
+}
 
 /// The most nodes a tree may hold (a pass row is also needed for the last committed token, and
 /// the engine marks a row's ancestors in one 64-bit word).
 pub const MAX_NODES: usize = 63;
 
-/// Where a drafted node came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Source {
+/// Declares [`Source`] with its variants, their names and `Source::ALL`, so that a new draft
+/// source is one line here (and a `BySource` table of every kind grows with it).
+macro_rules! sources {
+    ($($(#[doc = $doc:expr])* $variant:ident => $name:literal,)+) => {
+        /// Where a drafted node came from.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Source {
+            $($(#[doc = $doc])* $variant,)+
+        }
+
+        impl Source {
+            /// Every source, in declaration order.
+            pub const ALL: [Source; [$($name),+].len()] = [$(Source::$variant),+];
+
+            /// The name used in reports and settings.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Source::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+sources! {
     /// The n-gram index over the sequence (prompt and output): what followed the current suffix
     /// where it occurred before.
-    Ngram,
+    Ngram => "ngram",
     /// The model's own earlier predictions: the top candidates its logits gave after this token.
-    Model,
+    Model => "model",
     /// Earlier requests' prompts and outputs (the server's corpus).
-    Corpus,
+    Corpus => "corpus",
 }
 
 impl Source {
-    /// Every source, in declaration order.
-    pub const ALL: [Source; 3] = [Source::Ngram, Source::Model, Source::Corpus];
-
-    /// The name used in reports and settings.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Source::Ngram => "ngram",
-            Source::Model => "model",
-            Source::Corpus => "corpus",
-        }
+    /// The source a name means, if any.
+    pub fn from_name(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.name() == name)
     }
 
     pub(crate) const fn index(self) -> usize {
@@ -146,6 +176,18 @@ impl DraftTree {
         (0..self.len()).filter(move |&i| self.parents[i] == parent)
     }
 
+    /// Each pass row's parent row, for a pass over this tree when it is not a chain: [`ROOT`] for
+    /// row 0 (the last committed token), then [`pass_row`] of each node's parent. Empty for a
+    /// chain, where each row follows the one before.
+    pub fn row_parents(&self) -> Vec<u32> {
+        if self.is_chain() {
+            return Vec::new();
+        }
+        std::iter::once(ROOT)
+            .chain(self.parents.iter().map(|&p| pass_row(p) as u32))
+            .collect()
+    }
+
     /// Whether every node is the only child of the node before it.
     pub fn is_chain(&self) -> bool {
         self.parents
@@ -223,6 +265,13 @@ mod tests {
         assert_eq!(t.children(1).collect::<Vec<_>>(), [2, 3]);
         assert!(!t.is_chain());
         assert!(DraftTree::chain(&[7, 8, 9], Source::Ngram).is_chain());
+        // Rows of a pass: row 0 is the root, row i + 1 node i.
+        assert_eq!(t.row_parents(), [ROOT, 0, 1, 2, 2, 0]);
+        assert_eq!(path_rows(&[0, 1, 3]), [0, 1, 2, 4]);
+        assert_eq!(pass_row(ROOT), 0);
+        assert!(DraftTree::chain(&[7, 8], Source::Ngram)
+            .row_parents()
+            .is_empty());
         // The budget stops a path part-way.
         assert_eq!(t.insert_path(4, &[6, 7], Source::Model, 6), 1);
         assert_eq!(t.len(), 6);

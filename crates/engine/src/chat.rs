@@ -1,12 +1,14 @@
-//! The model's chat template (`tokenizer.chat_template`), rendered with minijinja the way Hugging
-//! Face renders it: Jinja2 semantics with trimmed blocks, Python string methods (`.strip()`),
-//! `raise_exception`, `tojson`, and `add_generation_prompt`.
+//! Conversations into prompt text: the model's chat template (`tokenizer.chat_template`), rendered
+//! with minijinja the way Hugging Face renders it (Jinja2 semantics with trimmed blocks, Python
+//! string methods (`.strip()`), `raise_exception`, `tojson`, `add_generation_prompt`), and
+//! `render`, which decides where the prompt ends (`PromptEnd`: a next turn opened, a last
+//! assistant message continued, or neither) and refuses what a template cannot take.
 
 use crate::error::{EngineError, Result};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-/// Where a rendered conversation ends (`LoadedModel::render_chat_ending`).
+/// Where a rendered conversation ends (`render`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PromptEnd {
     /// As llama.cpp's server does: a last assistant message (without tool calls) is a prefill the
@@ -99,6 +101,62 @@ impl ChatTemplate {
             eos_token => self.eos_token,
         })
         .map_err(|e| EngineError::ChatTemplate(format!("rendering failed: {e}")))
+    }
+}
+
+/// The prompt text for a conversation rendered by the model's `template` (none: a base model,
+/// which has no turns), ending where `end` says.
+pub fn render(
+    template: Option<&ChatTemplate>,
+    messages: &[Message],
+    tools: &[serde_json::Value],
+    end: PromptEnd,
+) -> Result<String> {
+    // The last message, when it is one the reply could continue.
+    let open_last = messages
+        .split_last()
+        .filter(|(last, _)| last.role == "assistant" && last.tool_calls.is_none());
+    let (last, before) =
+        match (end, open_last) {
+            (PromptEnd::Auto | PromptEnd::ContinueLast, Some(split)) => split,
+            (PromptEnd::ContinueLast, None) => return Err(EngineError::ChatTemplate(
+                "continuing the final message needs an assistant message (without tool calls) last"
+                    .into(),
+            )),
+            _ => return render_turns(template, messages, tools, end != PromptEnd::AsIs),
+        };
+    if before.last().is_some_and(|m| m.role == "assistant") {
+        return Err(EngineError::ChatTemplate(
+            "the conversation ends with two assistant messages: only one can be continued".into(),
+        ));
+    }
+    let mut prompt = render_turns(template, before, tools, true)?;
+    prompt.push_str(&last.content);
+    Ok(prompt)
+}
+
+/// The conversation rendered by the template, up to the assistant's next turn when
+/// `add_generation_prompt`.
+fn render_turns(
+    template: Option<&ChatTemplate>,
+    messages: &[Message],
+    tools: &[serde_json::Value],
+    add_generation_prompt: bool,
+) -> Result<String> {
+    match template {
+        Some(t) if !tools.is_empty() => {
+            let with = t.render_with_tools(messages, tools, add_generation_prompt)?;
+            if with == t.render(messages, add_generation_prompt)? {
+                return Err(EngineError::ChatTemplate(
+                    "the model's chat template does not take tools".into(),
+                ));
+            }
+            Ok(with)
+        }
+        Some(t) => t.render(messages, add_generation_prompt),
+        None => Err(EngineError::ChatTemplate(
+            "the model has no chat template (tokenizer.chat_template): it is a base model, give it plain text (pld generate without --chat, or /v1/completions)".into(),
+        )),
     }
 }
 

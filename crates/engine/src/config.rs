@@ -164,8 +164,12 @@ pub struct Config {
 impl Config {
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch_name = file.get_str("general.architecture")?;
-        let arch = Architecture::from_name(arch_name)
-            .ok_or_else(|| EngineError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let arch = Architecture::from_name(arch_name).ok_or_else(|| {
+            EngineError::UnsupportedArchitecture {
+                name: arch_name.to_string(),
+                supported: SUPPORTED_ARCHITECTURES,
+            }
+        })?;
         let family = Family::of(arch);
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_layer = file.get_u64(&key("block_count"))? as usize;

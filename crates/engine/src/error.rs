@@ -8,8 +8,12 @@ pub enum EngineError {
     ModelNotFound(PathBuf),
     #[error("cannot read model file {path}: {reason}")]
     BadModelFile { path: PathBuf, reason: String },
-    #[error("unsupported model architecture '{0}' (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES)]
-    UnsupportedArchitecture(String),
+    #[error("unsupported model architecture '{name}' (supported: {supported})")]
+    UnsupportedArchitecture {
+        name: String,
+        /// The architectures pld runs, comma-separated.
+        supported: &'static str,
+    },
     #[error("tensor '{name}' has type {dtype}, which pld cannot compute with")]
     UnsupportedTensorType { name: String, dtype: String },
     #[error("model metadata is missing or wrong: {0}")]

@@ -9,7 +9,6 @@
 //! tokens before it, constrained decoding with speculation gives exactly what it gives without.
 
 use crate::error::{EngineError, Result};
-use crate::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
@@ -74,11 +73,18 @@ pub struct GrammarCompiler {
 }
 
 impl GrammarCompiler {
-    pub fn new(tok: &Tokenizer, vocab_size: usize) -> Result<Self> {
+    /// The compiler over the first `vocab_size` tokens: `token(id)` gives a token's bytes and
+    /// whether it is a control token; `ends` are the tokens that end generation.
+    pub fn new<'t>(
+        vocab_size: usize,
+        token: impl Fn(u32) -> (&'t [u8], bool),
+        ends: &[u32],
+        bos: Option<u32>,
+    ) -> Result<Self> {
         let words: Vec<Vec<u8>> = (0..vocab_size as u32)
             .map(|id| {
-                let bytes = tok.token_bytes(id);
-                if tok.is_control(id) && !bytes.is_empty() {
+                let (bytes, control) = token(id);
+                if control && !bytes.is_empty() {
                     let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
                     w.extend_from_slice(bytes);
                     w
@@ -87,8 +93,7 @@ impl GrammarCompiler {
                 }
             })
             .collect();
-        let mut end_tokens: Vec<u32> = tok
-            .end_tokens
+        let mut end_tokens: Vec<u32> = ends
             .iter()
             .copied()
             .filter(|&t| (t as usize) < vocab_size)
@@ -100,7 +105,7 @@ impl GrammarCompiler {
         }
         end_tokens.sort_unstable();
         let mut info = TokRxInfo::new(vocab_size as u32, end_tokens[0]);
-        info.tok_bos = tok.bos;
+        info.tok_bos = bos;
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&end_tokens);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory =

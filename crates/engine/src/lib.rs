@@ -10,22 +10,27 @@ pub mod gguf;
 pub mod grammar;
 pub mod kernels;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod model;
 pub mod pass_cost;
 pub mod sampling;
+pub mod sequence;
+pub mod stats;
+pub mod step;
 pub mod tokenizer;
 pub mod verify;
 pub mod weights;
 
 pub use chat::{ChatTemplate, Message, PromptEnd};
 pub use error::{EngineError, Result};
-pub use generate::{
-    generate, step, BySource, FinishReason, GenerationConfig, GenerationOutput, Sequence,
-    SpecStats, TokenLogprob,
-};
+pub use generate::{generate, FinishReason, GenerationConfig, GenerationOutput};
 pub use grammar::ResponseFormat;
+pub use logprobs::TokenLogprob;
 pub use model::{Config, Model};
 pub use sampling::SamplingParams;
+pub use sequence::Sequence;
+pub use stats::{BySource, SpecStats};
+pub use step::step;
 pub use tokenizer::Tokenizer;
 
 use std::path::{Path, PathBuf};
@@ -101,59 +106,14 @@ impl LoadedModel {
         self.render_chat_ending(messages, tools, PromptEnd::Auto)
     }
 
-    /// The prompt text for a conversation, ending where `end` says.
+    /// The prompt text for a conversation, ending where `end` says (see `chat::render`).
     pub fn render_chat_ending(
         &self,
         messages: &[Message],
         tools: &[serde_json::Value],
         end: PromptEnd,
     ) -> Result<String> {
-        // The last message, when it is one the reply could continue.
-        let open_last = messages
-            .split_last()
-            .filter(|(last, _)| last.role == "assistant" && last.tool_calls.is_none());
-        let (last, before) = match (end, open_last) {
-            (PromptEnd::Auto | PromptEnd::ContinueLast, Some(split)) => split,
-            (PromptEnd::ContinueLast, None) => return Err(EngineError::ChatTemplate(
-                "continuing the final message needs an assistant message (without tool calls) last"
-                    .into(),
-            )),
-            _ => return self.render_turns(messages, tools, end != PromptEnd::AsIs),
-        };
-        if before.last().is_some_and(|m| m.role == "assistant") {
-            return Err(EngineError::ChatTemplate(
-                "the conversation ends with two assistant messages: only one can be continued"
-                    .into(),
-            ));
-        }
-        let mut prompt = self.render_turns(before, tools, true)?;
-        prompt.push_str(&last.content);
-        Ok(prompt)
-    }
-
-    /// The conversation rendered by the template, up to the assistant's next turn when
-    /// `add_generation_prompt`.
-    fn render_turns(
-        &self,
-        messages: &[Message],
-        tools: &[serde_json::Value],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
-        match &self.chat_template {
-            Some(t) if !tools.is_empty() => {
-                let with = t.render_with_tools(messages, tools, add_generation_prompt)?;
-                if with == t.render(messages, add_generation_prompt)? {
-                    return Err(EngineError::ChatTemplate(
-                        "the model's chat template does not take tools".into(),
-                    ));
-                }
-                Ok(with)
-            }
-            Some(t) => t.render(messages, add_generation_prompt),
-            None => Err(EngineError::ChatTemplate(
-                "the model has no chat template (tokenizer.chat_template): it is a base model, give it plain text (pld generate without --chat, or /v1/completions)".into(),
-            )),
-        }
+        chat::render(self.chat_template.as_ref(), messages, tools, end)
     }
 
     /// Generates from a prompt given as text (already chat-rendered if wanted).

@@ -172,7 +172,11 @@ impl Tokenizer {
     /// once; later calls reuse it).
     pub fn grammar(&self, vocab_size: usize) -> Result<&GrammarCompiler> {
         self.grammar
-            .get_or_init(|| GrammarCompiler::new(self, vocab_size).map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                let token = |id| (self.token_bytes(id), self.is_control(id));
+                GrammarCompiler::new(vocab_size, token, &self.end_tokens, self.bos)
+                    .map_err(|e| e.to_string())
+            })
             .as_ref()
             .map_err(|e| EngineError::InvalidConfig(e.clone()))
     }

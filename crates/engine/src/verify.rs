@@ -7,8 +7,10 @@
 //! q = delta(d) this is the standard speculative sampling rule min(1, p/q) and residual
 //! (p - q)+ / |p - q|+, so every emitted token is distributed exactly as p.
 
+pub(crate) mod constrained;
+
 use crate::sampling::{greedy, Distribution, SamplingParams};
-use drafting::{DraftTree, ROOT};
+use drafting::{pass_row, DraftTree, ROOT};
 use rand::Rng;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +72,7 @@ pub fn verify_tree(
     let mut at = ROOT;
     let mut rejected = Vec::new();
     loop {
-        let r = if at == ROOT { 0 } else { at as usize + 1 };
+        let r = pass_row(at);
         let row = &rows[r * vocab..(r + 1) * vocab];
         let next = if params.is_greedy() {
             let best = greedy(row, &prefix, params);

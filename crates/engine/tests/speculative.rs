@@ -119,7 +119,7 @@ fn tree_drafts_give_plain_greedy_output() {
                 if !adaptive {
                     // Trees were really sent and some branch was really taken.
                     assert!(
-                        spec.stats.drafted_by_source.model > 0,
+                        spec.stats.drafted_by_source[drafting::Source::Model] > 0,
                         "{what}: {:?}",
                         spec.stats
                     );
@@ -213,7 +213,11 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
         // tokens per pass, and never a different output.
         let t = run(&lm, &prompt, tree(96, 32, false), 4096);
         assert_same("smollm2-135m", &format!("{category} tree"), &plain, &t);
-        assert!(t.stats.accepted_by_source.ngram > 0, "{:?}", t.stats);
+        assert!(
+            t.stats.accepted_by_source[drafting::Source::Ngram] > 0,
+            "{:?}",
+            t.stats
+        );
         assert!(t.stats.steps < plain.stats.steps);
     }
 }

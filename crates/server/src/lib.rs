@@ -6,6 +6,7 @@
 pub mod api;
 pub mod metrics;
 pub mod scheduler;
+pub mod tenant;
 pub mod tools;
 
 use engine::LoadedModel;

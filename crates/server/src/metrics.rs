@@ -65,8 +65,7 @@ pub struct Metrics {
     pub draft_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
     pub verification_steps: AtomicU64,
-    /// Drafted and accepted tokens by draft source (ngram, model, corpus), as the engine's
-    /// `BySource` counts them.
+    /// Drafted and accepted tokens by draft source, as the engine's `BySource` counts them.
     pub drafted_by_source: Mutex<engine::BySource>,
     pub accepted_by_source: Mutex<engine::BySource>,
     pub time_to_first_token: Histogram,
@@ -93,13 +92,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Adds drafted and accepted tokens by draft source.
-    pub fn count_by_source(&self, drafted: engine::BySource, accepted: engine::BySource) {
+    /// Adds what speculation did in one step of one sequence (`SpecStats::since` the step).
+    pub fn count_step(&self, s: &engine::SpecStats) {
+        let add = |a: &AtomicU64, v: usize| a.fetch_add(v as u64, Ordering::Relaxed);
+        add(&self.draft_tokens, s.draft_tokens);
+        add(&self.accepted_tokens, s.accepted_tokens);
+        add(&self.verification_steps, s.steps);
         for (counts, more) in [
-            (&self.drafted_by_source, drafted),
-            (&self.accepted_by_source, accepted),
+            (&self.drafted_by_source, &s.drafted_by_source),
+            (&self.accepted_by_source, &s.accepted_by_source),
         ] {
-            counts.lock().unwrap_or_else(|e| e.into_inner()).add(&more);
+            counts.lock().unwrap_or_else(|e| e.into_inner()).add(more);
         }
     }
 
@@ -173,11 +176,9 @@ impl Metrics {
 # TYPE {name} counter
 "
             ));
-            for (source, v) in [("ngram", c.ngram), ("model", c.model), ("corpus", c.corpus)] {
-                out.push_str(&format!(
-                    "{name}{{source=\"{source}\"}} {v}
-"
-                ));
+            for (source, v) in c.iter() {
+                let source = source.name();
+                out.push_str(&format!("{name}{{source=\"{source}\"}} {v}\n"));
             }
         }
         let drafts = get(&self.draft_tokens);

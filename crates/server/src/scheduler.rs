@@ -16,17 +16,14 @@
 //! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
 //! its prompt and output to it when it finishes.
 
-use crate::api::Tenant;
 use crate::metrics::Metrics;
+use crate::tenant::{Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
-use drafting::{Corpus, PredictionTable, SharedCorpus, SharedPredictions, MAX_TREE_TOP_K};
-use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence};
-use std::collections::HashMap;
+use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence, SpecStats};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -77,10 +74,7 @@ impl Scheduler {
         let (tx, rx) = sync_channel(config.max_queue);
         let max_seqs = config.max_num_seqs.max(1);
         let ctx = config.max_model_len;
-        let corpora = Corpora {
-            tokens: config.corpus_tokens,
-            by_tenant: HashMap::new(),
-        };
+        let corpora = Corpora::new(config.corpus_tokens);
         std::thread::Builder::new()
             .name("pld-engine".into())
             .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, &metrics))
@@ -97,31 +91,6 @@ impl Scheduler {
             Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
-    }
-}
-
-/// What each tenant's earlier requests left for drafting: its corpus of prompts and outputs and
-/// its table of the model's predictions, created on its first request.
-struct Corpora {
-    tokens: usize,
-    by_tenant: HashMap<Tenant, (SharedCorpus, SharedPredictions)>,
-}
-
-impl Corpora {
-    /// Lets `seq` draft from what its tenant's earlier requests left (nothing when the corpus is
-    /// off).
-    fn attach(&mut self, tenant: Tenant, seq: &mut Sequence) {
-        if self.tokens == 0 {
-            return;
-        }
-        let tokens = self.tokens;
-        let (corpus, predictions) = self.by_tenant.entry(tenant).or_insert_with(|| {
-            (
-                Arc::new(Mutex::new(Corpus::new(tokens))),
-                Arc::new(Mutex::new(PredictionTable::new(MAX_TREE_TOP_K))),
-            )
-        });
-        seq.set_tenant_sources(corpus.clone(), predictions.clone());
     }
 }
 
@@ -143,16 +112,62 @@ fn draft_cap(rows: usize, n: usize) -> usize {
     (rows / n.max(1)).saturating_sub(1)
 }
 
+/// The engine thread's state: the running batch and what it has learned about pass costs.
+struct EngineLoop<'a> {
+    lm: &'a LoadedModel,
+    max_seqs: usize,
+    ctx: usize,
+    corpora: Corpora,
+    metrics: &'a Metrics,
+    running: Vec<Running>,
+    cost: PassCost,
+}
+
 fn engine_loop(
     lm: &LoadedModel,
     rx: Receiver<Job>,
     max_seqs: usize,
     ctx: usize,
-    mut corpora: Corpora,
+    corpora: Corpora,
     metrics: &Metrics,
 ) {
-    let mut running: Vec<Running> = Vec::new();
-    let mut cost = match engine::pass_cost::measure(&lm.model) {
+    let mut engine = EngineLoop {
+        lm,
+        max_seqs,
+        ctx,
+        corpora,
+        metrics,
+        running: Vec::new(),
+        cost: measure_cost(lm),
+    };
+    loop {
+        if !engine.admit_waiting(&rx) {
+            return;
+        }
+        engine.drop_cancelled();
+        if engine.running.is_empty() {
+            continue;
+        }
+        if let Err(e) = engine.step() {
+            tracing::error!("engine step failed: {e}");
+            for r in engine.running.drain(..) {
+                let _ = r.events.send(Event::Failed(e.to_string()));
+            }
+            continue;
+        }
+        let now = Instant::now();
+        engine.send_text(now);
+        engine.fork_choices();
+        engine.finish_done(now);
+        metrics
+            .running
+            .store(engine.running.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// What passes cost by row count, timed now (or a guess when timing fails).
+fn measure_cost(lm: &LoadedModel) -> PassCost {
+    let cost = match engine::pass_cost::measure(&lm.model) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("could not time forward passes ({e}); assuming a row costs 0.3 tokens");
@@ -161,27 +176,37 @@ fn engine_loop(
     };
     tracing::info!(
         one_row_ms = format!("{:.1}", cost.seconds(1) * 1e3),
-        draft_price_1 = format!("{:.2}", cost.draft_token_cost(1)),
-        draft_price_4 = format!("{:.2}", cost.draft_token_cost(4)),
-        draft_price_8 = format!("{:.2}", cost.draft_token_cost(8)),
+        draft_price_1 = format!("{:.2}", cost.price(1)),
+        draft_price_4 = format!("{:.2}", cost.price(4)),
+        draft_price_8 = format!("{:.2}", cost.price(8)),
         "pass costs measured"
     );
-    loop {
-        // Admit: block when idle, otherwise take what is waiting.
-        if running.is_empty() {
+    cost
+}
+
+impl EngineLoop<'_> {
+    /// Admits jobs: blocks for one when idle, then takes what is waiting up to `max_seqs`.
+    /// False once the queue is closed (the server is gone).
+    fn admit_waiting(&mut self, rx: &Receiver<Job>) -> bool {
+        if self.running.is_empty() {
             match rx.recv() {
-                Ok(job) => admit(lm, job, ctx, &mut corpora, metrics, &mut running),
-                Err(_) => return,
+                Ok(job) => self.admit(job),
+                Err(_) => return false,
             }
         }
-        while running.len() < max_seqs {
+        while self.running.len() < self.max_seqs {
             match rx.try_recv() {
-                Ok(job) => admit(lm, job, ctx, &mut corpora, metrics, &mut running),
+                Ok(job) => self.admit(job),
                 Err(_) => break,
             }
         }
-        // Cancellation: a closed channel means the client is gone.
-        running.retain(|r| {
+        true
+    }
+
+    /// Cancellation: a closed channel means the client is gone.
+    fn drop_cancelled(&mut self) {
+        let metrics = self.metrics;
+        self.running.retain(|r| {
             let gone = r.events.is_closed();
             if gone {
                 // What a cancelled request generated was still generated.
@@ -193,76 +218,59 @@ fn engine_loop(
         });
         metrics
             .running
-            .store(running.len() as u64, Ordering::Relaxed);
-        if running.is_empty() {
-            continue;
-        }
-        let n = running.len();
-        let price = cost.draft_token_cost(n);
-        let decode_only = running.iter().all(|r| !r.seq.in_prefill());
-        let before: Vec<(usize, usize, usize, engine::BySource, engine::BySource)> = running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+    }
+
+    /// One pass over the running batch, each sequence's drafts priced for its size; a decode-only
+    /// pass refines the pass costs, and what speculation did is counted.
+    fn step(&mut self) -> engine::Result<()> {
+        let n = self.running.len();
+        let price = self.cost.price(n);
+        let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
+        let before: Vec<SpecStats> = self
+            .running
             .iter_mut()
             .map(|r| {
                 if r.seq.config().sampling.is_greedy() {
-                    r.seq.set_draft_cost(Some(price));
+                    r.seq.set_draft_price(Some(price));
                     r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
                 } else {
-                    r.seq.set_draft_cost(None);
+                    r.seq.set_draft_price(None);
                     r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
                 }
-                (
-                    r.seq.stats.draft_tokens,
-                    r.seq.stats.accepted_tokens,
-                    r.seq.stats.steps,
-                    r.seq.stats.drafted_by_source,
-                    r.seq.stats.accepted_by_source,
-                )
+                r.seq.stats.clone()
             })
             .collect();
         let started = Instant::now();
-        let result = {
-            let mut seqs: Vec<&mut Sequence> = running.iter_mut().map(|r| &mut r.seq).collect();
-            step(&lm.model, &lm.tokenizer, &mut seqs)
-        };
-        if decode_only && result.is_ok() {
-            let drafted: usize = running
-                .iter()
-                .zip(&before)
-                .map(|(r, b)| r.seq.stats.draft_tokens - b.0)
-                .sum();
-            cost.observe(n + drafted, started.elapsed().as_secs_f64());
+        {
+            let mut seqs: Vec<&mut Sequence> =
+                self.running.iter_mut().map(|r| &mut r.seq).collect();
+            step(&self.lm.model, &self.lm.tokenizer, &mut seqs)?;
         }
-        if let Err(e) = result {
-            tracing::error!("engine step failed: {e}");
-            for r in running.drain(..) {
-                let _ = r.events.send(Event::Failed(e.to_string()));
-            }
-            continue;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut drafted = 0;
+        for (r, b) in self.running.iter().zip(&before) {
+            let counted = r.seq.stats.since(b);
+            drafted += counted.draft_tokens;
+            self.metrics.count_step(&counted);
         }
-        let now = Instant::now();
-        for (r, (d0, a0, s0, ds0, as0)) in running.iter_mut().zip(before) {
-            let s = &r.seq.stats;
-            metrics.count_by_source(
-                s.drafted_by_source.since(&ds0),
-                s.accepted_by_source.since(&as0),
-            );
-            metrics
-                .draft_tokens
-                .fetch_add((r.seq.stats.draft_tokens - d0) as u64, Ordering::Relaxed);
-            metrics
-                .accepted_tokens
-                .fetch_add((r.seq.stats.accepted_tokens - a0) as u64, Ordering::Relaxed);
-            metrics
-                .verification_steps
-                .fetch_add((r.seq.stats.steps - s0) as u64, Ordering::Relaxed);
+        if decode_only {
+            self.cost.observe(n + drafted, seconds);
+        }
+        Ok(())
+    }
+
+    /// Sends each sequence's new text, with the log-probabilities behind it (the rest at the
+    /// end), and times its first token.
+    fn send_text(&mut self, now: Instant) {
+        for r in self.running.iter_mut() {
             if r.first_token.is_none() && !r.seq.generated_tokens().is_empty() {
                 r.first_token = Some(now);
-                metrics
+                self.metrics
                     .time_to_first_token
                     .observe((now - r.arrived).as_secs_f64());
             }
             let text = r.seq.take_new_text();
-            // Log-probabilities go out with the text they belong to, the rest at the end.
             if !text.is_empty() || r.seq.finish_reason().is_some() {
                 let logprobs = r.seq.take_new_logprobs();
                 if !text.is_empty() || !logprobs.is_empty() {
@@ -274,16 +282,19 @@ fn engine_loop(
                 }
             }
         }
-        // Choices 1..n of a request start once its first choice has its prompt in the cache.
+    }
+
+    /// Choices 1..n of a request start once its first choice has its prompt in the cache.
+    fn fork_choices(&mut self) {
         let mut forked = Vec::new();
-        for r in running.iter_mut().filter(|r| !r.forks.is_empty()) {
+        for r in self.running.iter_mut().filter(|r| !r.forks.is_empty()) {
             let seed = r.seq.config().seed;
             while !r.forks.is_empty() {
                 let index = r.forks.start;
-                let mut seq = match r
+                let fork = r
                     .seq
-                    .fork(&lm.model, seed.map(|s| s.wrapping_add(index as u64)))
-                {
+                    .fork(&self.lm.model, seed.map(|s| s.wrapping_add(index as u64)));
+                let mut seq = match fork {
                     Ok(Some(f)) => f,
                     Ok(None) => break,
                     Err(e) => {
@@ -293,7 +304,7 @@ fn engine_loop(
                     }
                 };
                 r.forks.start += 1;
-                corpora.attach(r.tenant, &mut seq);
+                self.corpora.attach(r.tenant, &mut seq);
                 forked.push(Running {
                     tenant: r.tenant,
                     index,
@@ -305,8 +316,13 @@ fn engine_loop(
                 });
             }
         }
-        running.extend(forked);
-        running.retain_mut(|r| {
+        self.running.extend(forked);
+    }
+
+    /// Ends the finished sequences: counted, added to their tenant's corpus, logged, reported.
+    fn finish_done(&mut self, now: Instant) {
+        let (metrics, corpora) = (self.metrics, &self.corpora);
+        self.running.retain_mut(|r| {
             let Some(reason) = r.seq.finish_reason() else {
                 return true;
             };
@@ -319,11 +335,7 @@ fn engine_loop(
                 let per = (now - first).as_secs_f64() / (completion - 1) as f64;
                 metrics.time_per_output_token.observe(per);
             }
-            if let Some((c, _)) = corpora.by_tenant.get(&r.tenant) {
-                let mut document = r.seq.prompt_tokens().to_vec();
-                document.extend_from_slice(r.seq.generated_tokens());
-                c.lock().unwrap_or_else(|e| e.into_inner()).add(&document);
-            }
+            corpora.add(r.tenant, &r.seq);
             let s = &r.seq.stats;
             tracing::info!(
                 prompt_tokens = prompt,
@@ -344,42 +356,33 @@ fn engine_loop(
             });
             false
         });
-        metrics
-            .running
-            .store(running.len() as u64, Ordering::Relaxed);
     }
-}
 
-fn admit(
-    lm: &LoadedModel,
-    job: Job,
-    ctx: usize,
-    corpora: &mut Corpora,
-    metrics: &Metrics,
-    running: &mut Vec<Running>,
-) {
-    metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-    if job.events.is_closed() {
-        return;
-    }
-    metrics
-        .prompt_tokens
-        .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-    match Sequence::new(&lm.model, job.prompt, job.config, ctx) {
-        Ok(mut seq) => {
-            corpora.attach(job.tenant, &mut seq);
-            running.push(Running {
-                tenant: job.tenant,
-                index: 0,
-                forks: 1..job.n.max(1),
-                seq,
-                events: job.events,
-                arrived: job.arrived,
-                first_token: None,
-            });
+    fn admit(&mut self, job: Job) {
+        let metrics = self.metrics;
+        metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+        if job.events.is_closed() {
+            return;
         }
-        Err(e) => {
-            let _ = job.events.send(Event::Failed(e.to_string()));
+        metrics
+            .prompt_tokens
+            .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+        match Sequence::new(&self.lm.model, job.prompt, job.config, self.ctx) {
+            Ok(mut seq) => {
+                self.corpora.attach(job.tenant, &mut seq);
+                self.running.push(Running {
+                    tenant: job.tenant,
+                    index: 0,
+                    forks: 1..job.n.max(1),
+                    seq,
+                    events: job.events,
+                    arrived: job.arrived,
+                    first_token: None,
+                });
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+            }
         }
     }
 }

@@ -64,7 +64,7 @@ fn replay(turn: &Turn, spec: &SpecConfig, cost: &PassCost) -> Tally {
     if turn.output.len() < 2 {
         return t;
     }
-    let mut drafter = Drafter::new(spec, &turn.prompt).expect("valid drafting settings");
+    let mut drafter = Drafter::new(spec, &turn.prompt);
     drafter.push(turn.output[0]);
     let mut pos = 1;
     while pos < turn.output.len() {

@@ -292,12 +292,20 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
 }
 
 fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> String {
-    let mut t = String::from(
-        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us | accepted ngram/model/corpus |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    let sources: Vec<&str> = drafting::Source::ALL.iter().map(|s| s.name()).collect();
+    let mut t = format!(
+        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us | accepted {} |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        sources.join("/")
     );
     let line = |name: &str, s: &Summary| {
+        let accepted: Vec<String> = s
+            .accepted_by_source
+            .iter()
+            .map(|(_, n)| n.to_string())
+            .collect();
+        let accepted = accepted.join("/");
         format!(
-            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} | {}/{}/{} |\n",
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} | {} |\n",
             s.rows,
             s.new_tokens,
             s.plain_tokens_per_s,
@@ -306,9 +314,7 @@ fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> St
             s.mean_accepted_tokens,
             s.acceptance_rate * 100.0,
             s.propose_us_per_step,
-            s.accepted_by_source.ngram,
-            s.accepted_by_source.model,
-            s.accepted_by_source.corpus
+            accepted
         )
     };
     for (name, s) in categories {

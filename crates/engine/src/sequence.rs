@@ -1,0 +1,349 @@
+//! `Sequence`: one request's state between passes, and what it hands out (text that can no longer
+//! change, log-probabilities, the final output). `step` advances it.
+
+use crate::error::{EngineError, Result};
+use crate::generate::{FinishReason, GenerationConfig, GenerationOutput};
+use crate::grammar::Constraint;
+use crate::kv_cache::KvCache;
+use crate::logprobs::TokenLogprob;
+use crate::model::Model;
+use crate::stats::SpecStats;
+use crate::tokenizer::{TextStream, Tokenizer};
+use drafting::{Drafter, SpecConfig};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
+
+/// Where a sequence is.
+pub(crate) enum Phase {
+    /// Prompt tokens fed so far.
+    Prefill(usize),
+    /// The last emitted token, not yet in the cache.
+    Decode(u32),
+    Finished(FinishReason),
+}
+
+/// One request's state: its tokens and KV cache, drafter, sampler, stop rules, output text and
+/// statistics. `step` advances it; `take_new_text` hands out what can no longer change.
+pub struct Sequence {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    pub(crate) cache: KvCache,
+    /// Present when the config drafts.
+    pub(crate) drafter: Option<Drafter>,
+    /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
+    pub(crate) draft_limit: usize,
+    /// Price of a drafted row set by a scheduler, overriding the sequence's own estimate.
+    pub(crate) draft_price: Option<f64>,
+    pub(crate) config: GenerationConfig,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) phase: Phase,
+    pub(crate) stream: TextStream,
+    /// Output text, stop strings removed; `text[..released]` has been handed out.
+    pub(crate) text: String,
+    pub(crate) released: usize,
+    /// Log-probabilities of the generated tokens (when asked for); `logprobs[..lp_released]`
+    /// have been handed out.
+    pub(crate) logprobs: Vec<TokenLogprob>,
+    pub(crate) lp_released: usize,
+    pub stats: SpecStats,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    /// The grammar of `config.response_format`, compiled when the prompt is in.
+    pub(crate) constraint: Option<Constraint>,
+}
+
+impl Sequence {
+    /// A new sequence over `prompt` with a KV cache of `context_len` positions (at most the
+    /// model's own context).
+    pub fn new(
+        model: &Model,
+        prompt: Vec<u32>,
+        config: GenerationConfig,
+        context_len: usize,
+    ) -> Result<Self> {
+        config.validate()?;
+        let capacity = context_len.min(model.config.context_len);
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidConfig("the prompt is empty".into()));
+        }
+        if prompt.len() >= capacity {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                context_len: capacity,
+            });
+        }
+        if let Some(&bad) = prompt
+            .iter()
+            .find(|&&t| t as usize >= model.config.vocab_size)
+        {
+            return Err(EngineError::InvalidConfig(format!(
+                "prompt token {bad} is outside the vocabulary of {}",
+                model.config.vocab_size
+            )));
+        }
+        let drafter = if config.speculation.enabled() {
+            // Under a grammar drafts are chains: each is cut at its first forbidden token.
+            let spec = if config.response_format.is_text() {
+                config.speculation
+            } else {
+                SpecConfig {
+                    method: drafting::SpecMethod::Ngram,
+                    ..config.speculation
+                }
+            };
+            Some(Drafter::new(&spec, &prompt))
+        } else {
+            None
+        };
+        let rng = match config.seed {
+            Some(s) => ChaCha8Rng::seed_from_u64(s),
+            None => ChaCha8Rng::from_os_rng(),
+        };
+        Ok(Sequence {
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            cache: model.new_cache(capacity),
+            drafter,
+            draft_limit: usize::MAX,
+            draft_price: None,
+            config,
+            rng,
+            phase: Phase::Prefill(0),
+            stream: TextStream::default(),
+            text: String::new(),
+            released: 0,
+            logprobs: Vec::new(),
+            lp_released: 0,
+            stats: SpecStats::default(),
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            constraint: None,
+        })
+    }
+
+    /// Compiles the sequence's grammar when it has one and has not yet (when its prompt is in).
+    /// A grammar that does not compile ends the sequence; callers check formats beforehand
+    /// (`Tokenizer::grammar`), so this only guards against the unexpected.
+    pub(crate) fn ensure_constraint(&mut self, tok: &Tokenizer, vocab: usize) {
+        if self.constraint.is_some() || self.config.response_format.is_text() {
+            return;
+        }
+        match tok
+            .grammar(vocab)
+            .and_then(|g| g.compile(&self.config.response_format))
+        {
+            Ok(c) => self.constraint = c,
+            Err(e) => {
+                tracing::error!("ending a sequence whose grammar does not compile: {e}");
+                self.phase = Phase::Finished(FinishReason::Stop);
+            }
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished(_))
+    }
+
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        match self.phase {
+            Phase::Finished(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Stops the sequence (a client went away); its cache can be dropped with it.
+    pub fn cancel(&mut self) {
+        if !self.is_finished() {
+            self.phase = Phase::Finished(FinishReason::Stop);
+        }
+    }
+
+    /// A new sequence over the same prompt and settings (with `seed`), sharing this one's prompt
+    /// cache: the keys and values of all but the last prompt token are copied, and the fork's
+    /// first pass runs that last token alone, giving it its own first token. For `n` choices of
+    /// one request, prefilled once. `None` until this sequence's prompt is in the cache.
+    pub fn fork(&self, model: &Model, seed: Option<u64>) -> Result<Option<Sequence>> {
+        if self.in_prefill() {
+            return Ok(None);
+        }
+        let config = GenerationConfig {
+            seed,
+            ..self.config.clone()
+        };
+        let prompt = self.prompt_tokens().to_vec();
+        let mut fork = Sequence::new(model, prompt, config, self.cache.capacity())?;
+        let shared = self.prompt_len - 1;
+        fork.cache.copy_prefix(&self.cache, shared);
+        fork.phase = Phase::Prefill(shared);
+        Ok(Some(fork))
+    }
+
+    /// Lets the drafter draw on what a tenant's earlier requests left: their prompts and outputs
+    /// (the corpus source) and the model's predictions on them (the model source). Used when the
+    /// method is `tree` with those sources on.
+    pub fn set_tenant_sources(
+        &mut self,
+        corpus: drafting::SharedCorpus,
+        predictions: drafting::SharedPredictions,
+    ) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.set_corpus(corpus);
+            d.set_predictions(predictions);
+        }
+    }
+
+    /// Caps the drafted tokens per step below the configured K (a scheduler's load control).
+    pub fn set_draft_limit(&mut self, limit: usize) {
+        self.draft_limit = limit;
+    }
+
+    /// The price of a drafted row in plain tokens, as a scheduler measured it for the current
+    /// batch (`PassCost::price`); `None` lets the sequence use its own estimate.
+    pub fn set_draft_price(&mut self, price: Option<f64>) {
+        self.draft_price = price;
+    }
+
+    /// Whether the prompt is still being fed (the next pass is not a decode step).
+    pub fn in_prefill(&self) -> bool {
+        matches!(self.phase, Phase::Prefill(_))
+    }
+
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+
+    pub fn generated_tokens(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn config(&self) -> &GenerationConfig {
+        &self.config
+    }
+
+    /// Text produced since the last call that can no longer change (a possible start of a stop
+    /// string is held back until it is decided).
+    pub fn take_new_text(&mut self) -> String {
+        let safe = if self.is_finished() {
+            self.text.len()
+        } else {
+            safe_len(&self.text, &self.config.stop)
+        };
+        if safe <= self.released {
+            return String::new();
+        }
+        let out = self.text[self.released..safe].to_string();
+        self.released = safe;
+        out
+    }
+
+    /// Log-probabilities recorded since the last call (empty unless the config asks for them).
+    pub fn take_new_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let out = self.logprobs[self.lp_released..].to_vec();
+        self.lp_released = self.logprobs.len();
+        out
+    }
+
+    /// Appends one emitted token predicted by logits row `row`; returns false once the sequence
+    /// has finished.
+    pub(crate) fn emit(&mut self, tok: &Tokenizer, token: u32, row: &[f32]) -> bool {
+        if let (Some(top), false) = (self.config.logprobs, tok.is_end(token)) {
+            self.logprobs
+                .push(TokenLogprob::from_logits(row, token, top));
+        }
+        self.tokens.push(token);
+        if let Some(d) = self.drafter.as_mut() {
+            d.push(token);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.consume(&[token]);
+        }
+        let generated = self.tokens.len() - self.prompt_len;
+        if tok.is_end(token) {
+            self.text.push_str(&self.stream.finish());
+            self.phase = Phase::Finished(FinishReason::Stop);
+            return false;
+        }
+        let before = self.text.len();
+        self.text
+            .push_str(&self.stream.push(tok.token_bytes(token)));
+        if let Some(cut) = find_stop(&self.text, before, &self.config.stop) {
+            self.text.truncate(cut);
+            self.phase = Phase::Finished(FinishReason::Stop);
+            return false;
+        }
+        if generated >= self.config.max_new_tokens || self.tokens.len() >= self.cache.capacity() {
+            self.text.push_str(&self.stream.finish());
+            self.phase = Phase::Finished(FinishReason::Length);
+            return false;
+        }
+        self.phase = Phase::Decode(token);
+        true
+    }
+}
+
+/// Where the first stop string occurs in `text`, looking only at matches that end after `from`.
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let start = from.saturating_sub(s.len() - 1);
+            let start = (start..=from).find(|&i| text.is_char_boundary(i))?;
+            text[start..].find(s.as_str()).map(|p| start + p)
+        })
+        .min()
+}
+
+/// The length of `text` that cannot become part of a stop string: the longest suffix that is a
+/// prefix of a stop string is held back.
+fn safe_len(text: &str, stops: &[String]) -> usize {
+    let mut safe = text.len();
+    for s in stops {
+        for (i, _) in text.char_indices().rev().take(s.chars().count()) {
+            if s.starts_with(&text[i..]) {
+                safe = safe.min(i);
+            }
+        }
+    }
+    safe
+}
+
+impl Sequence {
+    pub fn into_output(self) -> GenerationOutput {
+        GenerationOutput {
+            text: self.text,
+            token_ids: self.tokens[self.prompt_len..].to_vec(),
+            logprobs: self.logprobs,
+            prompt_token_ids: self.tokens[..self.prompt_len].to_vec(),
+            finish_reason: match self.phase {
+                Phase::Finished(r) => r,
+                _ => FinishReason::Length,
+            },
+            stats: self.stats,
+            prefill_time: self.prefill_time,
+            decode_time: self.decode_time,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_found_across_pushes() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(find_stop("abcEN", 3, &stops), None);
+        assert_eq!(find_stop("abcEND", 5, &stops), Some(3));
+        assert_eq!(find_stop("a\n\nb", 2, &stops), Some(1));
+        assert_eq!(safe_len("abcEN", &stops), 3);
+        assert_eq!(safe_len("abc\n", &stops), 3);
+        assert_eq!(safe_len("abc", &stops), 3);
+        assert_eq!(safe_len("héE", &stops), "hé".len());
+    }
+}
