@@ -27,7 +27,10 @@ fn main() {
     let only_m: Option<usize> = std::env::args().nth(3).map(|s| s.parse().unwrap());
     let isas = Isa::available();
     println!(
-        "{threads} threads; fastest of 9 runs in ms (GB/s of weights read); last column GMAC/s"
+        "{threads} threads; fastest of 9 runs in ms (GB/s of weights read); last column GMAC/s; \
+         int8 peak of {:?}: {:.0} GMAC/s",
+        isa(),
+        int8_peak_gmacs().unwrap_or(0.0)
     );
     // Natural layout: AVX2 and AVX-512 VNNI have kernels of their own there (the other classes
     // run the AVX2 ones).

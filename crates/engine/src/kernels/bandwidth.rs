@@ -32,7 +32,7 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
 
 /// The int8 multiply-add peak of the implementation in use, in G multiply-adds per second over
 /// the pool's threads: every thread runs a register-resident loop of the step the packed kernels
-/// sum products with (`vpdpbusd` where the CPU has VNNI, else `vpmaddubsw` + `vpmaddwd`), the
+/// sum products with (`vpdpbusd` where the CPU has VNNI, else `vpmaddubsw` + `vpaddw`), the
 /// best of a few runs. `None` for the plain implementation. With `bandwidth`, the physical limit
 /// of a pass over n rows is max(weight bytes / bandwidth, n x multiply-adds per row / this).
 pub fn int8_peak_gmacs() -> Option<f64> {

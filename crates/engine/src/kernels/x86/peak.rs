@@ -1,7 +1,9 @@
 //! The int8 peak of one core: a register-resident loop of the step the packed kernels build their
-//! sums from, u8 x s8 products into 32-bit sums (`vpdpbusd` with VNNI, else `vpmaddubsw` +
-//! `vpmaddwd` + `vpaddd`), eight independent chains so that the loop is bound by throughput, not
-//! latency. Written in assembly so that the compiler can neither hoist the loop-invariant products
+//! sums from, eight independent chains so that the loop is bound by throughput, not latency. With
+//! VNNI the step is `vpdpbusd` (four u8 x s8 products into each 32-bit sum); without, it is what
+//! the kernels do per step, `vpmaddubsw` + `vpaddw` (pairs of products summed in 16 bits; the
+//! kernels' one `vpmaddwd` per sub-block that widens them is left out, as it is a small share of
+//! their work). Written in assembly so that the compiler can neither hoist the loop-invariant products
 //! nor fold the chains. Each function returns the multiply-adds it did.
 
 use std::arch::asm;
@@ -25,7 +27,7 @@ macro_rules! peak_fn {
                     "vpxor {a5:x}, {a5:x}, {a5:x}",
                     "vpxor {a6:x}, {a6:x}, {a6:x}",
                     "vpxor {a7:x}, {a7:x}, {a7:x}",
-                    // Bytes of 1 for the weights and activations, 16-bit ones for `vpmaddwd`.
+                    // Bytes of 1 for the weights and activations (and a spare register).
                     "vpcmpeqb {w:x}, {w:x}, {w:x}",
                     "vpxor {t:x}, {t:x}, {t:x}",
                     "vpsrlw {ones:x}, {w:x}, 15",
@@ -69,8 +71,7 @@ macro_rules! madd_step {
     ($a:literal) => {
         concat!(
             "vpmaddubsw {t}, {w}, {x}\n",
-            "vpmaddwd {t}, {t}, {ones}\n",
-            "vpaddd {", $a, "}, {", $a, "}, {t}"
+            "vpaddw {", $a, "}, {", $a, "}, {t}"
         )
     };
 }
