@@ -223,7 +223,8 @@ impl Drafter {
     }
 
     /// Cuts the sequence back to `len` tokens (the estimates are kept).
-    pub fn truncate(&mut self, len: usize) {
+    #[cfg(test)]
+    fn truncate(&mut self, len: usize) {
         self.index.truncate(len);
     }
 
@@ -501,13 +502,15 @@ impl Drafter {
     }
 
     /// The chain controller's estimates (acceptance by n-gram size, price of a row).
-    pub fn length(&self) -> &DraftLength {
+    #[cfg(test)]
+    fn length(&self) -> &DraftLength {
         &self.length
     }
 
     /// Estimated probability that a node from `source` (class: n-gram size or rank) at `depth`
     /// is accepted once its parent is.
-    pub fn tree_rate(&self, source: Source, class: usize, depth: usize) -> f64 {
+    #[cfg(test)]
+    fn tree_rate(&self, source: Source, class: usize, depth: usize) -> f64 {
         self.rates.rate(source, class, depth)
     }
 }

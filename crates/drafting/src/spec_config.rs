@@ -222,16 +222,6 @@ pub struct SpecOverrides {
     pub tree_sources: Option<TreeSources>,
 }
 
-impl SpecOverrides {
-    /// Overrides that turn speculation off.
-    pub fn off() -> Self {
-        SpecOverrides {
-            num_speculative_tokens: Some(0),
-            ..Default::default()
-        }
-    }
-}
-
 /// A speculation setting that was refused, with the field it concerns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecError {

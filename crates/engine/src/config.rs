@@ -161,6 +161,43 @@ pub struct Config {
     pub context_len: usize,
 }
 
+/// The RoPE of the global layers: the base, Llama 3's or LongRoPE's factors, linear position
+/// scaling and the attention factor.
+fn global_rope(
+    file: &GgufFile,
+    arch_name: &str,
+    rope_dims: usize,
+    context_len: usize,
+) -> Result<Rope> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    Ok(Rope {
+        base: file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0),
+        factors: rope_factors(file, arch_name, rope_dims, context_len)?,
+        position_scale: match file.get_str_opt(&key("rope.scaling.type")) {
+            Some("linear") => {
+                let f = file
+                    .get_f32_opt(&key("rope.scaling.factor"))
+                    .ok_or_else(|| {
+                        EngineError::BadMetadata(format!(
+                            "'{}' is missing for linear rope scaling",
+                            key("rope.scaling.factor")
+                        ))
+                    })?;
+                if f.is_finite() && f > 0.0 {
+                    1.0 / f
+                } else {
+                    1.0
+                }
+            }
+            _ => 1.0,
+        },
+        attn_factor: file
+            .get_f32_opt(&key("rope.scaling.attn_factor"))
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .unwrap_or(1.0),
+    })
+}
+
 impl Config {
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch_name = file.get_str("general.architecture")?;
@@ -224,32 +261,7 @@ impl Config {
             )));
         }
 
-        let rope = Rope {
-            base: file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0),
-            factors: rope_factors(file, arch_name, rope_dims, context_len)?,
-            position_scale: match file.get_str_opt(&key("rope.scaling.type")) {
-                Some("linear") => {
-                    let f = file
-                        .get_f32_opt(&key("rope.scaling.factor"))
-                        .ok_or_else(|| {
-                            EngineError::BadMetadata(format!(
-                                "'{}' is missing for linear rope scaling",
-                                key("rope.scaling.factor")
-                            ))
-                        })?;
-                    if f.is_finite() && f > 0.0 {
-                        1.0 / f
-                    } else {
-                        1.0
-                    }
-                }
-                _ => 1.0,
-            },
-            attn_factor: file
-                .get_f32_opt(&key("rope.scaling.attn_factor"))
-                .filter(|f| f.is_finite() && *f > 0.0)
-                .unwrap_or(1.0),
-        };
+        let rope = global_rope(file, arch_name, rope_dims, context_len)?;
         // The windowed layers' own base: from the file where it says (`rope.freq_base_swa`),
         // else the family's default.
         let local_base = file

@@ -152,13 +152,6 @@ impl Sequence {
         }
     }
 
-    /// Stops the sequence (a client went away); its cache can be dropped with it.
-    pub fn cancel(&mut self) {
-        if !self.is_finished() {
-            self.phase = Phase::Finished(FinishReason::Stop);
-        }
-    }
-
     /// A new sequence over the same prompt and settings (with `seed`), sharing this one's prompt
     /// cache: the keys and values of all but the last prompt token are copied, and the fork's
     /// first pass runs that last token alone, giving it its own first token. For `n` choices of

@@ -236,11 +236,6 @@ impl Tokenizer {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
-
-    /// The id of a token given by its exact text, e.g. "<|im_end|>".
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id(text)
-    }
 }
 
 /// Byte-level BPE (`tokenizer.ggml.model = gpt2`): the model with its merges and pre-tokenizer,

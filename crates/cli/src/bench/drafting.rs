@@ -89,10 +89,45 @@ fn replay(turn: &Turn, spec: &SpecConfig, cost: &PassCost) -> Tally {
 }
 
 pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
-    let file: ResultsFile = read_json(
-        &a.results,
-        "a results file of `pld bench run --out` (no rows)",
-    )?;
+    let turns = read_turns(&a.results)?;
+    let cost = read_cost(a.forward.as_deref())?;
+
+    let settings = settings();
+    let mut results = Vec::new();
+    for spec in settings {
+        spec.validate()?;
+        let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
+        let mut all = Tally::default();
+        for turn in &turns {
+            let t = replay(turn, &spec, &cost);
+            per_cat.entry(turn.category.clone()).or_default().add(&t);
+            all.add(&t);
+        }
+        results.push((spec, all, per_cat));
+    }
+    results.sort_by(|a, b| b.1.speedup().total_cmp(&a.1.speedup()));
+    if a.json {
+        return print_json(&results);
+    }
+    println!(
+        "{} turns replayed; pass cost {}",
+        turns.len(),
+        if a.forward.is_some() {
+            "from bench forward"
+        } else {
+            "flat (acceptance only)"
+        }
+    );
+    print_tables(&results, a.top);
+    Ok(())
+}
+
+/// A setting, its tally over every turn, and per category.
+type Outcome = (SpecConfig, Tally, BTreeMap<String, Tally>);
+
+/// The turns of a results file of `pld bench run --out`, with their categories.
+fn read_turns(path: &std::path::Path) -> anyhow::Result<Vec<Turn>> {
+    let file: ResultsFile = read_json(path, "a results file of `pld bench run --out` (no rows)")?;
     let turns: Vec<Turn> = file
         .rows
         .into_iter()
@@ -106,9 +141,14 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
         })
         .collect();
     if turns.is_empty() {
-        anyhow::bail!("no turns with token ids in {}", a.results.display());
+        anyhow::bail!("no turns with token ids in {}", path.display());
     }
-    let cost = match &a.forward {
+    Ok(turns)
+}
+
+/// The pass costs of `pld bench forward --json`'s output, or flat ones (acceptance only).
+fn read_cost(forward: Option<&std::path::Path>) -> anyhow::Result<PassCost> {
+    Ok(match forward {
         Some(p) => {
             let f: ForwardReport = read_json(p, "the output of `pld bench forward --json`")?;
             let points: Vec<(usize, f64)> = f.top.passes.iter().map(|p| (p.tokens, p.ms)).collect();
@@ -118,10 +158,12 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             PassCost::from_points(&points)
         }
         None => PassCost::flat(),
-    };
+    })
+}
 
-    // Every chain setting, and trees from the n-gram source (the other sources need the model's
-    // logits or other requests, which a replay does not have).
+/// Every chain setting, and trees from the n-gram source (the other sources need the model's
+/// logits or other requests, which a replay does not have).
+fn settings() -> Vec<SpecConfig> {
     let mut settings = Vec::new();
     for policy in MatchPolicy::ALL {
         for (min_n, max_n) in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 5)] {
@@ -157,51 +199,39 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let mut results = Vec::new();
-    for spec in settings {
-        spec.validate()?;
-        let mut per_cat: BTreeMap<String, Tally> = BTreeMap::new();
-        let mut all = Tally::default();
-        for turn in &turns {
-            let t = replay(turn, &spec, &cost);
-            per_cat.entry(turn.category.clone()).or_default().add(&t);
-            all.add(&t);
-        }
-        results.push((spec, all, per_cat));
-    }
-    results.sort_by(|a, b| b.1.speedup().total_cmp(&a.1.speedup()));
-    let shape = |s: &SpecConfig| match s.method {
+    settings
+}
+
+fn shape(s: &SpecConfig) -> String {
+    match s.method {
         SpecMethod::Ngram => "chain".to_string(),
         SpecMethod::Tree => format!("tree {}", s.tree_max_nodes),
-    };
-    if a.json {
-        let out: Vec<_> = results
-            .iter()
-            .map(|(s, all, cats)| {
-                serde_json::json!({
-                    "method": s.method.name(), "tree_max_nodes": s.tree_max_nodes,
-                    "policy": s.match_policy.to_string(), "min_n": s.prompt_lookup_min,
-                    "max_n": s.prompt_lookup_max, "k": s.num_speculative_tokens,
-                    "adaptive": s.adaptive,
-                    "mean_accepted_tokens": all.mean_accepted(), "estimated_speedup": all.speedup(),
-                    "categories": cats.iter().map(|(c, t)| (c.clone(), serde_json::json!({
-                        "mean_accepted_tokens": t.mean_accepted(), "estimated_speedup": t.speedup()
-                    }))).collect::<serde_json::Map<_, _>>(),
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
     }
-    println!(
-        "{} turns replayed; pass cost {}",
-        turns.len(),
-        if a.forward.is_some() {
-            "from bench forward"
-        } else {
-            "flat (acceptance only)"
-        }
-    );
+}
+
+/// Every setting's estimates as JSON, best first.
+fn print_json(results: &[Outcome]) -> anyhow::Result<()> {
+    let out: Vec<_> = results
+        .iter()
+        .map(|(s, all, cats)| {
+            serde_json::json!({
+                "method": s.method.name(), "tree_max_nodes": s.tree_max_nodes,
+                "policy": s.match_policy.to_string(), "min_n": s.prompt_lookup_min,
+                "max_n": s.prompt_lookup_max, "k": s.num_speculative_tokens,
+                "adaptive": s.adaptive,
+                "mean_accepted_tokens": all.mean_accepted(), "estimated_speedup": all.speedup(),
+                "categories": cats.iter().map(|(c, t)| (c.clone(), serde_json::json!({
+                    "mean_accepted_tokens": t.mean_accepted(), "estimated_speedup": t.speedup()
+                }))).collect::<serde_json::Map<_, _>>(),
+            })
+        })
+        .collect();
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// The `top` best settings as a table, then the best chain's and tree's estimates per category.
+fn print_tables(results: &[Outcome], top: usize) {
     println!("| shape | policy | n-gram | K | adaptive | mean accepted | est. speedup | worst category |\n|---|---|---|---:|---|---:|---:|---|");
     let worst = |cats: &BTreeMap<String, Tally>| {
         cats.iter()
@@ -210,7 +240,7 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             .map(|(c, s)| format!("{c} {s:.2}x"))
             .unwrap_or_default()
     };
-    for (s, all, cats) in results.iter().take(a.top) {
+    for (s, all, cats) in results.iter().take(top) {
         println!(
             "| {} | {} | {}..{} | {} | {} | {:.2} | {:.2}x | {} |",
             shape(s),
@@ -244,7 +274,6 @@ pub fn run(a: DraftingArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -104,13 +104,7 @@ async fn chat_completions(
     Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let result = async {
-        let req = request::parse(body, Kind::Chat, state.config.lenient)?;
-        let valid = validate::chat(&state, req).await?;
-        Ok(respond(&state, tenant, valid).await)
-    }
-    .await;
-    finish(&state, result)
+    complete(state, tenant, body, Kind::Chat).await
 }
 
 async fn completions(
@@ -118,9 +112,22 @@ async fn completions(
     Extension(tenant): Extension<Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    complete(state, tenant, body, Kind::Text).await
+}
+
+/// Either endpoint: the body read, validated and answered (the status counted).
+async fn complete(
+    state: Arc<AppState>,
+    tenant: Tenant,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Response {
     let result = async {
-        let req = request::parse(body, Kind::Text, state.config.lenient)?;
-        let valid = validate::text(&state, req).await?;
+        let req = request::parse(body, kind, state.config.lenient)?;
+        let valid = match kind {
+            Kind::Chat => validate::chat(&state, req).await?,
+            Kind::Text => validate::text(&state, req).await?,
+        };
         Ok(respond(&state, tenant, valid).await)
     }
     .await;
