@@ -428,9 +428,31 @@ fn bench_forward_json_has_the_documented_fields() {
             .iter()
             .map(|p| p["tokens"].as_u64().unwrap())
             .collect();
-        assert_eq!(tokens, [1, 2, 4, 8, 16]);
+        assert_eq!(tokens, [1, 2, 4, 8, 16, 32, 64]);
         assert!(passes.iter().all(|p| p["ms"].as_f64().unwrap() > 0.0));
         assert_eq!(passes[0]["ratio_to_one"], 1.0);
+        // Every pass beside its physical limit, which grows with the tokens once compute-bound.
+        for p in passes {
+            let (limit, share) = (
+                p["limit_ms"].as_f64().unwrap(),
+                p["share_of_limit"].as_f64().unwrap(),
+            );
+            assert!(limit > 0.0 && share > 0.0, "{p}");
+            assert!(
+                (share - limit / p["ms"].as_f64().unwrap()).abs() < 1e-9,
+                "{p}"
+            );
+        }
+        let limit = |i: usize| passes[i]["limit_ms"].as_f64().unwrap();
+        assert!(limit(6) >= limit(0), "{r}");
+        assert!(r["macs_per_token"].as_u64().unwrap() > 50_000_000, "{r}");
+        if r["isa"] != "Scalar" {
+            assert!(r["int8_peak_gmacs"].as_f64().unwrap() > 1.0, "{r}");
+            assert!(
+                r["prefill_fraction_of_compute_limit"].as_f64().unwrap() > 0.0,
+                "{r}"
+            );
+        }
         for field in [
             "decode_tokens_per_s",
             "prefill_tokens_per_s",
