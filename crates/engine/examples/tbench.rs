@@ -34,7 +34,11 @@ fn main() {
         .map(|i| ((i * 31) % 100) as f32 / 50.0 - 1.0)
         .collect();
     let mut acts = quant::QuantizedActs::default();
-    let block = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { 256 } else { 32 };
+    let block = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) {
+        256
+    } else {
+        32
+    };
     acts.quantize(&x, m, cols, block);
     let mut out = vec![0f32; m * rows];
     let n = 80_000 / m;

@@ -70,7 +70,10 @@ const ALL: [Isa; 5] = [
 impl Isa {
     /// The best this CPU supports.
     pub fn detect() -> Isa {
-        *ALL.iter().rev().find(|i| i.is_available()).unwrap_or(&Isa::Scalar)
+        *ALL.iter()
+            .rev()
+            .find(|i| i.is_available())
+            .unwrap_or(&Isa::Scalar)
     }
 
     /// Whether this CPU can run the kernels of `self`.

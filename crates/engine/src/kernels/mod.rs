@@ -172,7 +172,9 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                         // quantized over w.cols = p.cols columns in the format's blocks; the
                         // writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
                         // (m * n) and belong to this work item alone.
-                        unsafe { packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows) };
+                        unsafe {
+                            packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows)
+                        };
                     }
                 }
                 return;

@@ -97,10 +97,7 @@ fn packed_kernels_match_the_natural_layout() {
 /// kernel's results.
 #[test]
 fn packed_kernels_exact_at_extreme_values() {
-    let packed_isas: Vec<Isa> = Isa::available()
-        .into_iter()
-        .filter(|i| i.packs())
-        .collect();
+    let packed_isas: Vec<Isa> = Isa::available().into_iter().filter(|i| i.packs()).collect();
     if packed_isas.is_empty() {
         println!("skipped: this CPU has no AVX2");
         return;
@@ -123,7 +120,9 @@ fn packed_kernels_exact_at_extreme_values() {
             _ if (t * 7 + j * (t % 3)) % 5 < 2 => -1.0,
             _ => 1.0,
         };
-        let w: Vec<f32> = (0..rows * cols).map(|i| weight(i / cols, i % cols)).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| weight(i / cols, i % cols))
+            .collect();
         let m = 4;
         let x: Vec<f32> = (0..m * cols)
             .map(|i| match i / cols {

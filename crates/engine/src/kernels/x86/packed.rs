@@ -15,11 +15,11 @@
 // loops: iterator forms change the code generated for these kernels.
 #![allow(clippy::needless_range_loop)]
 
+use super::width::{Width, Ymm, Zmm};
 use super::{Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
 use crate::kernels::quant::QuantizedActs;
-use super::width::{Width, Ymm, Zmm};
 use std::arch::x86_64::*;
 
 /// `packed_rows`'s loop over tiles of activation rows, as many rows per tile as the width's
@@ -241,7 +241,10 @@ impl Rows<'_> {
         s: usize,
     ) {
         for r in 0..MR {
-            let dx = *self.acts.d.get_unchecked((self.r0 + r) * self.acts.k / 256 + s);
+            let dx = *self
+                .acts
+                .d
+                .get_unchecked((self.r0 + r) * self.acts.k / 256 + s);
             acc[r] = W::fmadd(sbacc[r], W::splat(dx), acc[r]);
         }
     }

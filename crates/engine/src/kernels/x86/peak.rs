@@ -71,7 +71,11 @@ macro_rules! madd_step {
     ($a:literal) => {
         concat!(
             "vpmaddubsw {t}, {w}, {x}\n",
-            "vpaddw {", $a, "}, {", $a, "}, {t}"
+            "vpaddw {",
+            $a,
+            "}, {",
+            $a,
+            "}, {t}"
         )
     };
 }
@@ -91,6 +95,18 @@ macro_rules! vex_dp_step {
 
 peak_fn!(peak_avx2, "avx2", ymm_reg, 32, madd_step);
 peak_fn!(peak_avx_vnni, "avx2,avxvnni", ymm_reg, 32, vex_dp_step);
-peak_fn!(peak_avx_vnni_evex, "avx2,avx512f,avx512vl,avx512vnni", ymm_reg, 32, dp_step);
+peak_fn!(
+    peak_avx_vnni_evex,
+    "avx2,avx512f,avx512vl,avx512vnni",
+    ymm_reg,
+    32,
+    dp_step
+);
 peak_fn!(peak_avx512, "avx2,avx512f,avx512bw", zmm_reg, 64, madd_step);
-peak_fn!(peak_avx512_vnni, "avx2,avx512f,avx512bw,avx512vnni", zmm_reg, 64, dp_step);
+peak_fn!(
+    peak_avx512_vnni,
+    "avx2,avx512f,avx512bw,avx512vnni",
+    zmm_reg,
+    64,
+    dp_step
+);
