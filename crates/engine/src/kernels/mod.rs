@@ -2,17 +2,18 @@
 //! float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU, attention).
 //!
 //! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) have our own kernels
-//! (`quant` in plain Rust, `x86` with AVX2, AVX-512 or AVX-512 VNNI chosen at run time): activations are
-//! quantized once per product to 8 bits per 32 values, and every weight sub-block is decoded once
-//! and applied to all activation rows while it is in registers. Other formats (F32, F16, Q5_1,
-//! Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output element's value
-//! does not depend on how many rows share the pass, so plain and speculative decoding produce
-//! bit-identical logits.
+//! (`quant` in plain Rust, `x86` with AVX2, AVX-VNNI, AVX-512 or AVX-512 VNNI chosen at run time):
+//! activations are quantized once per product to 8 bits per 32 values, and every weight sub-block
+//! is decoded once and applied to all activation rows while it is in registers. Other formats
+//! (F32, F16, Q5_1, Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output
+//! element's value does not depend on how many rows share the pass, so plain and speculative
+//! decoding produce bit-identical logits.
 //!
 //! `format` describes each of our formats once; `quant` quantizes activations and has the plain
-//! products; `packed` interleaves weights for the SIMD kernels (AVX2 or AVX-512, with or without VNNI); `x86` has the SIMD kernels by
-//! family; this file, `attention` and `elementwise` choose among them. Imports go that way only,
-//! except that x86's attention kernels take `KvHead` and call `softmax` from above.
+//! products; `packed` interleaves weights for the SIMD kernels (AVX2 or AVX-512, with or without
+//! VNNI); `x86` has the SIMD kernels by family; this file, `attention` and `elementwise` choose
+//! among them. Imports go that way only, except that x86's attention kernels take `KvHead` and call
+//! `softmax` from above.
 //!
 //! # Where `unsafe` lives
 //!

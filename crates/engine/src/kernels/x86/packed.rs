@@ -22,48 +22,43 @@ use crate::kernels::packed::{Packed, ROWS};
 use crate::kernels::quant::QuantizedActs;
 use std::arch::x86_64::*;
 
-/// `packed_rows`'s loop over tiles of activation rows, as many rows per tile as the width's
-/// registers hold.
+/// How many activation rows share a pass over a register's weights, per width: each keeps its
+/// sums in registers.
 trait RowTiles: Width {
-    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize);
+    /// The most rows in a tile.
+    const TILE: usize;
+    /// The tile of `n <= TILE` rows from `r`.
+    unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize);
 }
 
 impl RowTiles for Zmm {
+    const TILE: usize = 8;
     #[inline(always)]
-    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize) {
-        let mut r = 0;
-        while r < m {
-            let n = (m - r).min(8);
-            match n {
-                8 => t.run::<Self, VNNI, 8>(r),
-                7 => t.run::<Self, VNNI, 7>(r),
-                6 => t.run::<Self, VNNI, 6>(r),
-                5 => t.run::<Self, VNNI, 5>(r),
-                4 => t.run::<Self, VNNI, 4>(r),
-                3 => t.run::<Self, VNNI, 3>(r),
-                2 => t.run::<Self, VNNI, 2>(r),
-                _ => t.run::<Self, VNNI, 1>(r),
-            }
-            r += n;
+    unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize) {
+        match n {
+            8 => t.run::<Self, VNNI, 8>(r),
+            7 => t.run::<Self, VNNI, 7>(r),
+            6 => t.run::<Self, VNNI, 6>(r),
+            5 => t.run::<Self, VNNI, 5>(r),
+            4 => t.run::<Self, VNNI, 4>(r),
+            3 => t.run::<Self, VNNI, 3>(r),
+            2 => t.run::<Self, VNNI, 2>(r),
+            _ => t.run::<Self, VNNI, 1>(r),
         }
     }
 }
 
 impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
+    // Four rows: each keeps a float sum, a super-block sum and an integer sum in registers, which
+    // with the weights, the broadcast and the mask is the sixteen AVX2 has.
+    const TILE: usize = 4;
     #[inline(always)]
-    unsafe fn tiles<const VNNI: bool>(t: &Tile, m: usize) {
-        // Four rows: each keeps a float sum, a super-block sum and an integer sum in registers,
-        // which with the weights, the broadcast and the mask is the sixteen AVX2 has.
-        let mut r = 0;
-        while r < m {
-            let n = (m - r).min(4);
-            match n {
-                4 => t.run::<Self, VNNI, 4>(r),
-                3 => t.run::<Self, VNNI, 3>(r),
-                2 => t.run::<Self, VNNI, 2>(r),
-                _ => t.run::<Self, VNNI, 1>(r),
-            }
-            r += n;
+    unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize) {
+        match n {
+            4 => t.run::<Self, VNNI, 4>(r),
+            3 => t.run::<Self, VNNI, 3>(r),
+            2 => t.run::<Self, VNNI, 2>(r),
+            _ => t.run::<Self, VNNI, 1>(r),
         }
     }
 }
@@ -168,12 +163,13 @@ unsafe fn nibble_step<W: Width, const VNNI: bool, const MR: usize>(
     }
 }
 
-/// What one tile computes: the weight rows `lane0..lane0 + W::LANES` of group `g` over its units
-/// `s0..s1` against activation rows `r0 + r..` (`run`), results to `out + r * stride + lane0`
-/// (and taken from there to go on with when `s0 > 0`).
+/// What a tile computes: the weight rows `lane0..lane0 + W::LANES` of a group over its units
+/// `s0..s1` against activation rows `r0..r0 + MR`, row `r`'s results to `out + r * stride` (and
+/// taken from there to go on with when `s0 > 0`); `out` already points at column `lane0`.
+#[derive(Clone, Copy)]
 struct Tile<'a> {
-    p: &'a Packed,
-    g: usize,
+    group: &'a [u8],
+    format: Format,
     lane0: usize,
     s0: usize,
     s1: usize,
@@ -184,42 +180,33 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
+    /// The kernel of the format over the `MR` rows from `r`.
     #[inline(always)]
     unsafe fn run<W: Width, const VNNI: bool, const MR: usize>(&self, r: usize) {
-        let group = self.p.group(self.g);
-        let at = Rows {
-            acts: self.acts,
+        let at = Tile {
             r0: self.r0 + r,
-            lane0: self.lane0,
-            s0: self.s0,
-            s1: self.s1,
-            out: self.out.add(r * self.stride + self.lane0),
-            stride: self.stride,
+            out: self.out.add(r * self.stride),
+            ..*self
         };
-        match self.p.format {
-            Format::Q4K => packed_q4k::<W, VNNI, MR>(group, &at),
-            Format::Q6K => packed_q6k::<W, VNNI, MR>(group, &at),
-            Format::Q4_0 => packed32::<W, VNNI, Q4_0, MR>(group, &at),
-            Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(group, &at),
-            Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(group, &at),
-            Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(group, &at),
+        match self.format {
+            Format::Q4K => packed_q4k::<W, VNNI, MR>(&at),
+            Format::Q6K => packed_q6k::<W, VNNI, MR>(&at),
+            Format::Q4_0 => packed32::<W, VNNI, Q4_0, MR>(&at),
+            Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(&at),
+            Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(&at),
+            Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(&at),
         }
     }
-}
 
-/// A tile's activation rows, the register's first weight row in the group, its units, and where
-/// its results go.
-struct Rows<'a> {
-    acts: &'a QuantizedActs,
-    r0: usize,
-    lane0: usize,
-    s0: usize,
-    s1: usize,
-    out: *mut f32,
-    stride: usize,
-}
+    /// Prefetches `n` lines from `p`, on the first register's pass over a unit only: the later
+    /// ones read what it brought in.
+    #[inline(always)]
+    unsafe fn prefetch(&self, p: *const u8, n: usize) {
+        if self.lane0 == 0 {
+            prefetch_lines(p, n);
+        }
+    }
 
-impl Rows<'_> {
     /// Each row's float sums to start from: zero, or where the units before `s0` left them.
     #[inline(always)]
     unsafe fn start<W: Width, const MR: usize>(&self) -> [W::F; MR] {
@@ -259,21 +246,21 @@ impl Rows<'_> {
 
 /// Packed Q4_K (see `packed`).
 #[inline(always)]
-unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(group: &[u8], at: &Rows) {
+unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
     let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
-        let blk = group.as_ptr().add(s * q4k::PACKED_BYTES);
+        let blk = at.group.as_ptr().add(s * q4k::PACKED_BYTES);
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
         let mut sbacc = [W::zero_f(); MR];
         for j in 0..8 {
             let qs = blk.add(q4k::PACKED_QS + 256 * j + 4 * l0);
             // The next super-block, spread over this one's eight steps (37 lines).
-            prefetch_lines(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
+            at.prefetch(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
             let sc = W::u8s(blk.add(q4k::PACKED_SCALES + 16 * j + l0));
             let mn = W::u8s(blk.add(q4k::PACKED_MINS + 16 * j + l0));
             let mut sums = Sums::<W, VNNI, MR>::new();
@@ -314,20 +301,20 @@ unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
 
 /// Packed Q6_K (see `packed`).
 #[inline(always)]
-unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(group: &[u8], at: &Rows) {
+unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
     let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
-        let blk = group.as_ptr().add(s * q6k::PACKED_BYTES);
+        let blk = at.group.as_ptr().add(s * q6k::PACKED_BYTES);
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         let mut sbacc = [W::zero_f(); MR];
         for t in 0..16 {
             let ql = blk.add(q6k::PACKED_QL + 128 * t + 4 * l0);
             // The next super-block, spread over this one's sixteen steps (53 lines).
-            prefetch_lines(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
+            at.prefetch(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
             let h = W::load(blk.add(q6k::PACKED_QH + 64 * t + 4 * l0));
             let sc = W::i8s(blk.add(q6k::PACKED_SCALES + 16 * t + l0));
             let mut sums = Sums::<W, VNNI, MR>::new();
@@ -383,10 +370,7 @@ unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
 /// per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer activation sum
 /// out before scaling).
 #[inline(always)]
-unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
-    group: &[u8],
-    at: &Rows,
-) {
+unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at: &Tile) {
     let bytes = const { Format::from_code(F).packed_bytes() };
     let values = const { Format::from_code(F).packed_values() };
     let lines = bytes / 64;
@@ -396,10 +380,10 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
-        let blk = group.as_ptr().add(s * bytes);
+        let blk = at.group.as_ptr().add(s * bytes);
         // The unit after next, half per block.
-        prefetch_lines(blk.wrapping_add(2 * bytes), lines / 2);
-        prefetch_lines(
+        at.prefetch(blk.wrapping_add(2 * bytes), lines / 2);
+        at.prefetch(
             blk.wrapping_add(2 * bytes + 64 * (lines / 2)),
             lines - lines / 2,
         );
@@ -497,17 +481,19 @@ unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
     for s0 in (0..units).step_by(chunk) {
         for lane0 in (0..ROWS).step_by(W::LANES) {
             let tile = Tile {
-                p,
-                g,
+                group: p.group(g),
+                format: p.format,
                 lane0,
                 s0,
                 s1: (s0 + chunk).min(units),
                 acts,
                 r0,
-                out,
+                out: out.add(lane0),
                 stride,
             };
-            W::tiles::<VNNI>(&tile, m);
+            for r in (0..m).step_by(W::TILE) {
+                W::tile::<VNNI>(&tile, r, W::TILE.min(m - r));
+            }
         }
     }
 }
