@@ -6,6 +6,7 @@ use crate::error::{EngineError, Result};
 use crate::grammar::ResponseFormat;
 use crate::logprobs::TokenLogprob;
 use crate::model::Model;
+use crate::prefix_cache::PrefixCache;
 use crate::sampling::SamplingParams;
 use crate::sequence::Sequence;
 use crate::stats::SpecStats;
@@ -14,6 +15,10 @@ use crate::tokenizer::Tokenizer;
 use drafting::SpecConfig;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// The prefix-cache namespace of a single local user (`generate_reusing`, `pld chat`); a server
+/// gives each tenant its own.
+pub const LOCAL_NAMESPACE: u64 = 0;
 
 /// Prompt tokens fed per forward pass during prefill.
 pub const PREFILL_CHUNK: usize = 256;
@@ -88,6 +93,8 @@ pub struct GenerationOutput {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
     pub prompt_token_ids: Vec<u32>,
+    /// Prompt tokens whose keys and values came from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
     pub finish_reason: FinishReason,
     pub stats: SpecStats,
     #[serde(skip)]
@@ -123,6 +130,21 @@ pub fn generate(
     prompt: Vec<u32>,
     config: GenerationConfig,
     context_len: usize,
+    on_text: impl FnMut(&str),
+) -> Result<GenerationOutput> {
+    generate_reusing(model, tok, prompt, config, context_len, None, on_text)
+}
+
+/// `generate` starting from the longest prefix of `prompt` that `prefix` holds, and leaving it
+/// the keys and values of the prompt and the output for the next call (a conversation's next
+/// turn re-sends this one). `None` is plain `generate`.
+pub fn generate_reusing(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: Vec<u32>,
+    config: GenerationConfig,
+    context_len: usize,
+    mut prefix: Option<&mut PrefixCache>,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationOutput> {
     if !config.response_format.is_text() {
@@ -131,12 +153,18 @@ pub fn generate(
             .compile(&config.response_format)?;
     }
     let mut seq = Sequence::new(model, prompt, config, context_len)?;
+    if let Some(p) = prefix.as_deref_mut() {
+        seq.reuse_prefix(p, LOCAL_NAMESPACE);
+    }
     while !seq.is_finished() {
         step(model, tok, &mut [&mut seq])?;
         let t = seq.take_new_text();
         if !t.is_empty() {
             on_text(&t);
         }
+    }
+    if let Some(p) = prefix {
+        seq.keep_prefix(p, LOCAL_NAMESPACE);
     }
     Ok(seq.into_output())
 }

@@ -8,6 +8,27 @@
 
 use crate::kernels::KvHead;
 
+/// The shape of a model's keys and values: what one cached position holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layer: usize,
+    /// Key (and value) floats per position and layer: the KV heads times their dimension.
+    pub kv_dim: usize,
+    pub hd: usize,
+}
+
+impl KvShape {
+    /// Floats one position holds: a key and a value per layer.
+    pub fn floats_per_position(&self) -> usize {
+        2 * self.n_layer * self.kv_dim
+    }
+
+    /// Bytes one position holds (f32 keys and values).
+    pub fn bytes_per_position(&self) -> usize {
+        4 * self.floats_per_position()
+    }
+}
+
 pub struct KvCache {
     /// Per layer, `kv_dim` rows of `key_stride` positions (each head's `hd` rows together).
     keys: Vec<f32>,
@@ -116,6 +137,57 @@ impl KvCache {
         self.len = len;
     }
 
+    pub fn shape(&self) -> KvShape {
+        KvShape {
+            n_layer: self.n_layer,
+            kv_dim: self.kv_dim,
+            hd: self.hd,
+        }
+    }
+
+    /// Copies the keys and values of positions `start..start + n` (all valid) into `out`, which
+    /// holds `n * shape().floats_per_position()` floats: per layer each key dimension's `n`
+    /// positions, then per layer and head `n` values of `hd`. `put_rows` is its inverse.
+    pub fn take_rows(&self, start: usize, n: usize, out: &mut [f32]) {
+        assert!(start + n <= self.len, "rows past the cache");
+        assert_eq!(out.len(), n * self.shape().floats_per_position());
+        if n == 0 {
+            return;
+        }
+        let (keys, values) = out.split_at_mut(n * self.n_layer * self.kv_dim);
+        for (row, chunk) in keys.chunks_exact_mut(n).enumerate() {
+            let a = row * self.key_stride + start;
+            chunk.copy_from_slice(&self.keys[a..a + n]);
+        }
+        let hd = self.hd;
+        for (lh, chunk) in values.chunks_exact_mut(n * hd).enumerate() {
+            let a = self.value_base(lh / (self.kv_dim / hd), lh % (self.kv_dim / hd)) + start * hd;
+            chunk.copy_from_slice(&self.values[a..a + n * hd]);
+        }
+    }
+
+    /// Writes positions `start..start + n` from `rows` (laid out as `take_rows` writes them) and
+    /// makes the cache that long: `start` must be its length, so positions are only appended.
+    pub fn put_rows(&mut self, start: usize, n: usize, rows: &[f32]) {
+        assert_eq!(start, self.len, "rows must follow the cached ones");
+        assert!(start + n <= self.capacity, "rows past the capacity");
+        assert_eq!(rows.len(), n * self.shape().floats_per_position());
+        if n == 0 {
+            return;
+        }
+        let (keys, values) = rows.split_at(n * self.n_layer * self.kv_dim);
+        for (row, chunk) in keys.chunks_exact(n).enumerate() {
+            let a = row * self.key_stride + start;
+            self.keys[a..a + n].copy_from_slice(chunk);
+        }
+        let hd = self.hd;
+        for (lh, chunk) in values.chunks_exact(n * hd).enumerate() {
+            let a = self.value_base(lh / (self.kv_dim / hd), lh % (self.kv_dim / hd)) + start * hd;
+            self.values[a..a + n * hd].copy_from_slice(chunk);
+        }
+        self.len = start + n;
+    }
+
     pub(crate) fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.capacity);
         self.len = len;
@@ -207,6 +279,42 @@ mod tests {
                 assert_eq!(hb.values[p * 2], ha.values[p * 2]);
             }
             assert_eq!(hb.values[3 * 2], 0.0, "nothing past the prefix");
+        }
+    }
+
+    #[test]
+    fn put_rows_restores_what_take_rows_took() {
+        let mut a = KvCache::new(2, 4, 2, 40);
+        for layer in 0..2 {
+            for pos in 0..20 {
+                let key: Vec<f32> = (0..4)
+                    .map(|i| (100 * layer + 10 * pos + i) as f32)
+                    .collect();
+                a.write(layer, pos, &key, &[-(pos as f32) - 0.5 * layer as f32; 4]);
+            }
+        }
+        a.set_len(20);
+        let floats = a.shape().floats_per_position();
+        let (mut first, mut second) = (vec![0.0; 8 * floats], vec![0.0; 12 * floats]);
+        a.take_rows(0, 8, &mut first);
+        a.take_rows(8, 12, &mut second);
+        let mut b = KvCache::new(2, 4, 2, 33);
+        b.put_rows(0, 8, &first);
+        b.put_rows(8, 12, &second);
+        assert_eq!(b.len(), 20);
+        for layer in 0..2 {
+            for head in 0..2 {
+                let (ha, hb) = (a.head(layer, head, 20), b.head(layer, head, 20));
+                for p in 0..20 {
+                    for i in 0..2 {
+                        assert_eq!(
+                            hb.keys[i * hb.key_stride + p],
+                            ha.keys[i * ha.key_stride + p]
+                        );
+                        assert_eq!(hb.values[p * 2 + i], ha.values[p * 2 + i]);
+                    }
+                }
+            }
         }
     }
 

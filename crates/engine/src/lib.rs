@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod logprobs;
 pub mod model;
 pub mod pass_cost;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod sequence;
 pub mod stats;
@@ -23,10 +24,13 @@ pub mod weights;
 
 pub use chat::{ChatTemplate, Message, PromptEnd};
 pub use error::{EngineError, Result};
-pub use generate::{generate, FinishReason, GenerationConfig, GenerationOutput};
+pub use generate::{
+    generate, generate_reusing, FinishReason, GenerationConfig, GenerationOutput, LOCAL_NAMESPACE,
+};
 pub use grammar::ResponseFormat;
 pub use logprobs::TokenLogprob;
 pub use model::{Config, Model};
+pub use prefix_cache::PrefixCache;
 pub use sampling::SamplingParams;
 pub use sequence::Sequence;
 pub use stats::{BySource, SpecStats};

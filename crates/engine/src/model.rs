@@ -194,6 +194,16 @@ impl Model {
             .chain(std::iter::once(&self.output))
     }
 
+    /// What one cached position holds (a key and a value per layer).
+    pub fn kv_shape(&self) -> crate::kv_cache::KvShape {
+        let c = &self.config;
+        crate::kv_cache::KvShape {
+            n_layer: c.n_layer,
+            kv_dim: c.kv_dim(),
+            hd: c.head_dim,
+        }
+    }
+
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;

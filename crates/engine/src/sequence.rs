@@ -7,6 +7,7 @@ use crate::grammar::Constraint;
 use crate::kv_cache::KvCache;
 use crate::logprobs::TokenLogprob;
 use crate::model::Model;
+use crate::prefix_cache::PrefixCache;
 use crate::stats::SpecStats;
 use crate::tokenizer::{TextStream, Tokenizer};
 use drafting::{Drafter, SpecConfig};
@@ -28,6 +29,8 @@ pub(crate) enum Phase {
 pub struct Sequence {
     pub(crate) tokens: Vec<u32>,
     pub(crate) prompt_len: usize,
+    /// Prompt tokens whose keys and values came from a prefix cache rather than a pass.
+    pub(crate) cached_tokens: usize,
     pub(crate) cache: KvCache,
     /// Present when the config drafts.
     pub(crate) drafter: Option<Drafter>,
@@ -102,6 +105,7 @@ impl Sequence {
         };
         Ok(Sequence {
             prompt_len: prompt.len(),
+            cached_tokens: 0,
             tokens: prompt,
             cache: model.new_cache(capacity),
             drafter,
@@ -169,7 +173,44 @@ impl Sequence {
         let shared = self.prompt_len - 1;
         fork.cache.copy_prefix(&self.cache, shared);
         fork.phase = Phase::Prefill(shared);
+        fork.cached_tokens = self.cached_tokens;
         Ok(Some(fork))
+    }
+
+    /// Starts the prompt from its longest prefix in `prefix` under `namespace` (its tenant):
+    /// those positions' keys and values are copied in and only the rest is prefilled. The
+    /// prompt's last token is always run, as its logits give the first token. Only before the
+    /// first pass; returns the tokens reused.
+    pub fn reuse_prefix(&mut self, prefix: &mut PrefixCache, namespace: u64) -> usize {
+        if !matches!(self.phase, Phase::Prefill(0)) || !self.cache.is_empty() {
+            return 0;
+        }
+        let limit = self.prompt_len - 1;
+        let found = prefix.lookup_into(namespace, &self.tokens, limit, &mut self.cache);
+        if found > 0 {
+            self.phase = Phase::Prefill(found);
+            self.cached_tokens = found;
+        }
+        found
+    }
+
+    /// Offers `prefix` the keys and values this sequence has computed (its prompt once it is in,
+    /// its output too when it has finished) under `namespace`, for later requests to reuse.
+    pub fn keep_prefix(&self, prefix: &mut PrefixCache, namespace: u64) {
+        let done = match self.phase {
+            Phase::Prefill(done) => done,
+            _ => self.cache.len(),
+        };
+        prefix.insert(
+            namespace,
+            &self.tokens[..done.min(self.tokens.len())],
+            &self.cache,
+        );
+    }
+
+    /// Prompt tokens whose keys and values came from a prefix cache (`reuse_prefix`).
+    pub fn cached_tokens(&self) -> usize {
+        self.cached_tokens
     }
 
     /// Lets the drafter draw on what a tenant's earlier requests left: their prompts and outputs
@@ -313,6 +354,7 @@ impl Sequence {
             token_ids: self.tokens[self.prompt_len..].to_vec(),
             logprobs: self.logprobs,
             prompt_token_ids: self.tokens[..self.prompt_len].to_vec(),
+            cached_tokens: self.cached_tokens,
             finish_reason: match self.phase {
                 Phase::Finished(r) => r,
                 _ => FinishReason::Length,

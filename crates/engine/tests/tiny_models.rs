@@ -8,8 +8,9 @@ mod common;
 use common::log_softmax;
 use engine::kv_cache::KvCache;
 use engine::model::BatchItem;
+use engine::prefix_cache::BLOCK_TOKENS;
 use engine::weights::Precision;
-use engine::{GenerationConfig, LoadedModel};
+use engine::{GenerationConfig, LoadedModel, PrefixCache};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -250,6 +251,86 @@ fn tiny_speculative_greedy_equals_plain() {
             assert_eq!(plain.token_ids, tree.token_ids, "{} tree", r.name);
         }
         assert!(accepted > 0, "{}: no draft was ever accepted", r.name);
+    }
+}
+
+/// The settings a conversation is checked under for prefix reuse: plain greedy, greedy chains,
+/// a greedy tree and seeded sampling with chains.
+fn reuse_configs() -> Vec<(&'static str, GenerationConfig)> {
+    let base = GenerationConfig {
+        max_new_tokens: 24,
+        logprobs: Some(3),
+        ..Default::default()
+    };
+    let mut chain = base.clone();
+    chain.speculation.num_speculative_tokens = 4;
+    chain.speculation.adaptive = false;
+    let mut tree = base.clone();
+    tree.speculation.method = drafting::SpecMethod::Tree;
+    tree.speculation.adaptive = false;
+    let mut sampled = chain.clone();
+    sampled.sampling.do_sample = true;
+    sampled.sampling.temperature = 0.9;
+    sampled.seed = Some(7);
+    let mut plain = base;
+    plain.speculation.num_speculative_tokens = 0;
+    vec![
+        ("plain", plain),
+        ("chain", chain),
+        ("tree", tree),
+        ("sampled", sampled),
+    ]
+}
+
+/// A conversation's second turn (the first turn's prompt and answer, then new tokens) started
+/// from what the first turn left in the prefix cache gives the same tokens and log-probabilities,
+/// bit for bit, as a cold start and as a run with the cache off: every architecture (sliding
+/// windows included), plain, chains, trees and seeded sampling. The cached rows of the first
+/// answer were computed by decode passes, the cold ones by prefill.
+#[test]
+fn tiny_prefix_cache_reuse_is_bit_identical() {
+    let run = |lm: &LoadedModel, ids: &[u32], c: &GenerationConfig, p: Option<&mut PrefixCache>| {
+        engine::generate_reusing(
+            &lm.model,
+            &lm.tokenizer,
+            ids.to_vec(),
+            c.clone(),
+            256,
+            p,
+            |_| {},
+        )
+        .unwrap()
+    };
+    for (r, lm) in models() {
+        for (name, config) in reuse_configs() {
+            let (first_ids, extra) = (&r.cases[2].ids, &r.cases[0].ids);
+            let mut warm = PrefixCache::new(lm.model.kv_shape(), 64 << 20);
+            let mut off = PrefixCache::new(lm.model.kv_shape(), 0);
+            let first = run(&lm, first_ids, &config, Some(&mut warm));
+            assert_eq!(first.cached_tokens, 0, "{} {name}: a cold cache", r.name);
+            let mut second = first_ids.clone();
+            second.extend(&first.token_ids);
+            second.extend(extra);
+            let w = run(&lm, &second, &config, Some(&mut warm));
+            let c = run(&lm, &second, &config, None);
+            let o = run(&lm, &second, &config, Some(&mut off));
+            let computed = first_ids.len() + first.token_ids.len() - 1;
+            let want = computed / BLOCK_TOKENS * BLOCK_TOKENS;
+            assert_eq!(w.cached_tokens, want, "{} {name}: reused", r.name);
+            assert_eq!((c.cached_tokens, o.cached_tokens), (0, 0));
+            assert_eq!(w.token_ids, c.token_ids, "{} {name}: warm vs cold", r.name);
+            assert_eq!(o.token_ids, c.token_ids, "{} {name}: off vs cold", r.name);
+            assert!(
+                w.logprobs == c.logprobs,
+                "{} {name}: log-probabilities",
+                r.name
+            );
+            assert!(
+                o.logprobs == c.logprobs,
+                "{} {name}: log-probabilities",
+                r.name
+            );
+        }
     }
 }
 
