@@ -81,3 +81,60 @@ impl FormatArgs {
         })
     }
 }
+
+/// `--prefix-cache-bytes SIZE`: how much the prefix cache may hold (`serve`, `chat`, `bench`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PrefixCacheArgs {
+    /// Bytes of keys and values kept across requests and turns for reuse, as a number with an
+    /// optional K, M or G (powers of 1024); 0 turns the prefix cache off. Default: an eighth of
+    /// the machine's memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub prefix_cache_bytes: Option<usize>,
+}
+
+impl PrefixCacheArgs {
+    pub fn budget(&self) -> usize {
+        self.prefix_cache_bytes
+            .unwrap_or_else(engine::prefix_cache::default_budget_bytes)
+    }
+}
+
+/// A byte count such as `0`, `65536`, `512M` or `2G`.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => (&t[..i], t[i..].trim()),
+        None => (t, ""),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count (a number with an optional K, M or G)"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (K, M or G)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_parse_with_units() {
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("3GiB"), Ok(3 << 30));
+        assert_eq!(parse_bytes("64k"), Ok(64 << 10));
+        assert!(parse_bytes("lots")
+            .unwrap_err()
+            .contains("not a byte count"));
+        assert!(parse_bytes("5T").unwrap_err().contains("unknown unit"));
+    }
+}

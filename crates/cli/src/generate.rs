@@ -143,6 +143,7 @@ pub fn output_json(out: &GenerationOutput, spec: &SpecConfig) -> serde_json::Val
         "usage": {
             "prompt_tokens": out.prompt_token_ids.len(),
             "completion_tokens": out.token_ids.len(),
+            "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
         },
         "timing": {
             "prefill_ms": out.prefill_time.as_secs_f64() * 1e3,

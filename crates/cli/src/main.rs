@@ -1,6 +1,7 @@
-//! `pld`: the command line of the pld inference engine (fetch, generate, serve, bench).
+//! `pld`: the command line of the pld inference engine (fetch, generate, chat, serve, bench).
 
 mod bench;
+mod chat;
 mod common;
 mod generate;
 mod serve;
@@ -29,6 +30,8 @@ enum Command {
     },
     /// Generate text from a prompt.
     Generate(generate::GenerateArgs),
+    /// Hold a conversation in the terminal (each turn reuses the earlier turns' cache).
+    Chat(chat::ChatArgs),
     /// Serve an OpenAI-compatible HTTP API with continuous batching.
     Serve(serve::ServeArgs),
     /// Benchmarks.
@@ -49,6 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(args) => generate::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench { which } => bench::run(which),
     }

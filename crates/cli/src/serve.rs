@@ -46,6 +46,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     #[command(flatten)]
+    pub prefix_cache: crate::common::PrefixCacheArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
 }
 
@@ -67,6 +69,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| a.model.clone()),
         api_keys: a.api_key.clone(),
         corpus_tokens: a.corpus_tokens,
+        prefix_cache_bytes: a.prefix_cache.budget(),
         max_num_seqs: a.max_num_seqs.max(1),
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,

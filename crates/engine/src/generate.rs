@@ -82,6 +82,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` reached, or the context is full.
     Length,
+    /// The caller stopped it (`generate_reusing`'s `on_text` said so).
+    Cancelled,
 }
 
 /// Everything a finished generation reports.
@@ -130,14 +132,18 @@ pub fn generate(
     prompt: Vec<u32>,
     config: GenerationConfig,
     context_len: usize,
-    on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str),
 ) -> Result<GenerationOutput> {
-    generate_reusing(model, tok, prompt, config, context_len, None, on_text)
+    generate_reusing(model, tok, prompt, config, context_len, None, |t| {
+        on_text(t);
+        true
+    })
 }
 
 /// `generate` starting from the longest prefix of `prompt` that `prefix` holds, and leaving it
 /// the keys and values of the prompt and the output for the next call (a conversation's next
-/// turn re-sends this one). `None` is plain `generate`.
+/// turn re-sends this one). `None` is plain `generate`. `on_text` returns whether to go on:
+/// false ends the generation there (`FinishReason::Cancelled`), with what it has produced.
 pub fn generate_reusing(
     model: &Model,
     tok: &Tokenizer,
@@ -145,7 +151,7 @@ pub fn generate_reusing(
     config: GenerationConfig,
     context_len: usize,
     mut prefix: Option<&mut PrefixCache>,
-    mut on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationOutput> {
     if !config.response_format.is_text() {
         // A schema that does not compile is an error now rather than an empty answer.
@@ -159,8 +165,8 @@ pub fn generate_reusing(
     while !seq.is_finished() {
         step(model, tok, &mut [&mut seq])?;
         let t = seq.take_new_text();
-        if !t.is_empty() {
-            on_text(&t);
+        if !t.is_empty() && !on_text(&t) {
+            seq.cancel();
         }
     }
     if let Some(p) = prefix {

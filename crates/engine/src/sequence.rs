@@ -145,6 +145,14 @@ impl Sequence {
         }
     }
 
+    /// Ends the sequence now, keeping what it has produced (`FinishReason::Cancelled`).
+    pub fn cancel(&mut self) {
+        if !self.is_finished() {
+            self.text.push_str(&self.stream.finish());
+            self.phase = Phase::Finished(crate::generate::FinishReason::Cancelled);
+        }
+    }
+
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Finished(_))
     }

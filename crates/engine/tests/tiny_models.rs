@@ -297,7 +297,7 @@ fn tiny_prefix_cache_reuse_is_bit_identical() {
             c.clone(),
             256,
             p,
-            |_| {},
+            |_| true,
         )
         .unwrap()
     };

@@ -19,6 +19,8 @@ pub struct ServerConfig {
     /// Keys accepted in `Authorization: Bearer KEY` (none: no authentication). Each key is one
     /// tenant: drafts from earlier requests (the corpus source) come only from the same key's.
     pub api_keys: Vec<String>,
+    /// Bytes of keys and values the prefix cache may hold across requests (0: off).
+    pub prefix_cache_bytes: usize,
     /// Tokens of earlier prompts and outputs kept per tenant for drafting (0: no corpus).
     pub corpus_tokens: usize,
     pub max_num_seqs: usize,

@@ -70,6 +70,16 @@ pub struct Metrics {
     pub accepted_by_source: Mutex<engine::BySource>,
     pub time_to_first_token: Histogram,
     pub time_per_output_token: Histogram,
+    /// The prefix cache as the engine loop last saw it.
+    pub prefix_cache: Mutex<PrefixCacheGauge>,
+}
+
+/// What the metrics show of the prefix cache: its counters, the bytes it holds and its budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrefixCacheGauge {
+    pub stats: engine::prefix_cache::PrefixCacheStats,
+    pub bytes: usize,
+    pub budget: usize,
 }
 
 impl Default for Metrics {
@@ -87,6 +97,7 @@ impl Default for Metrics {
             accepted_by_source: Mutex::default(),
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
             time_per_output_token: Histogram::new(TPOT_BOUNDS),
+            prefix_cache: Mutex::default(),
         }
     }
 }
@@ -104,6 +115,15 @@ impl Metrics {
         ] {
             counts.lock().unwrap_or_else(|e| e.into_inner()).add(more);
         }
+    }
+
+    /// Records the prefix cache's state (after each engine step).
+    pub fn set_prefix_cache(&self, cache: &engine::PrefixCache) {
+        *self.prefix_cache.lock().unwrap_or_else(|e| e.into_inner()) = PrefixCacheGauge {
+            stats: cache.stats(),
+            bytes: cache.bytes(),
+            budget: cache.budget(),
+        };
     }
 
     pub fn count_status(&self, status: u16) {
@@ -126,6 +146,7 @@ impl Metrics {
         {
             out.push_str(&format!("pld_requests_total{{status=\"{status}\"}} {n}\n"));
         }
+        let pc = *self.prefix_cache.lock().unwrap_or_else(|e| e.into_inner());
         let counters = [
             (
                 "pld_prompt_tokens_total",
@@ -151,6 +172,26 @@ impl Metrics {
                 "pld_spec_decode_num_verification_steps_total",
                 "Decoding forward passes (verification steps).",
                 get(&self.verification_steps),
+            ),
+            (
+                "pld_prefix_cache_lookups_total",
+                "Prompts looked up in the prefix cache.",
+                pc.stats.lookups,
+            ),
+            (
+                "pld_prefix_cache_hits_total",
+                "Prompts that started from a cached prefix.",
+                pc.stats.hits,
+            ),
+            (
+                "pld_prefix_cache_cached_prompt_tokens_total",
+                "Prompt tokens whose keys and values came from the prefix cache.",
+                pc.stats.cached_tokens,
+            ),
+            (
+                "pld_prefix_cache_evicted_blocks_total",
+                "Blocks of 16 positions evicted from the prefix cache.",
+                pc.stats.evicted_blocks,
             ),
         ];
         for (name, help, v) in counters {
@@ -202,6 +243,16 @@ impl Metrics {
                 "pld_spec_decode_draft_acceptance_rate",
                 "Accepted over drafted tokens.",
                 rate,
+            ),
+            (
+                "pld_prefix_cache_bytes",
+                "Bytes of keys and values the prefix cache holds.",
+                pc.bytes as f64,
+            ),
+            (
+                "pld_prefix_cache_budget_bytes",
+                "The prefix cache's byte budget (0: off).",
+                pc.budget as f64,
             ),
         ];
         for (name, help, v) in gauges {

@@ -12,6 +12,11 @@
 //! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
 //! (`ROW_BUDGET`).
 //!
+//! Prompts start from the prefix cache: a new sequence copies in the keys and values of the longest
+//! prefix its tenant's earlier requests left (a chat client re-sends the whole conversation every
+//! turn) and prefills only the rest. A sequence offers the cache its prompt once prefilled (so
+//! requests arriving meanwhile with the same start share it) and its output when it finishes.
+//!
 //! Each tenant (API key) has a corpus of its earlier prompts and outputs, bounded in tokens; a
 //! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
 //! its prompt and output to it when it finishes.
@@ -20,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::tenant::{Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
-use engine::{step, FinishReason, GenerationConfig, LoadedModel, Sequence, SpecStats};
+use engine::{step, FinishReason, GenerationConfig, LoadedModel, PrefixCache, Sequence, SpecStats};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -44,6 +49,8 @@ pub enum Event {
         index: usize,
         reason: FinishReason,
         prompt_tokens: usize,
+        /// Of the prompt tokens, those whose keys and values came from the prefix cache.
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     Failed(String),
@@ -75,9 +82,10 @@ impl Scheduler {
         let max_seqs = config.max_num_seqs.max(1);
         let ctx = config.max_model_len;
         let corpora = Corpora::new(config.corpus_tokens);
+        let prefix = PrefixCache::new(lm.model.kv_shape(), config.prefix_cache_bytes);
         std::thread::Builder::new()
             .name("pld-engine".into())
-            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, &metrics))
+            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, (corpora, prefix), &metrics))
             .expect("spawn the engine thread");
         Scheduler { queue: tx }
     }
@@ -105,6 +113,8 @@ struct Running {
     events: UnboundedSender<Event>,
     arrived: Instant,
     first_token: Option<Instant>,
+    /// Its prompt's keys and values have been offered to the prefix cache.
+    prompt_kept: bool,
 }
 
 /// The draft cap per sequence for a batch of `n` that may fill `rows` rows per pass.
@@ -118,6 +128,7 @@ struct EngineLoop<'a> {
     max_seqs: usize,
     ctx: usize,
     corpora: Corpora,
+    prefix: PrefixCache,
     metrics: &'a Metrics,
     running: Vec<Running>,
     cost: PassCost,
@@ -128,7 +139,7 @@ fn engine_loop(
     rx: Receiver<Job>,
     max_seqs: usize,
     ctx: usize,
-    corpora: Corpora,
+    (corpora, prefix): (Corpora, PrefixCache),
     metrics: &Metrics,
 ) {
     let mut engine = EngineLoop {
@@ -136,6 +147,7 @@ fn engine_loop(
         max_seqs,
         ctx,
         corpora,
+        prefix,
         metrics,
         running: Vec::new(),
         cost: measure_cost(lm),
@@ -158,7 +170,9 @@ fn engine_loop(
         let now = Instant::now();
         engine.send_text(now);
         engine.fork_choices();
+        engine.keep_prompts();
         engine.finish_done(now);
+        metrics.set_prefix_cache(&engine.prefix);
         metrics
             .running
             .store(engine.running.len() as u64, Ordering::Relaxed);
@@ -205,14 +219,16 @@ impl EngineLoop<'_> {
 
     /// Cancellation: a closed channel means the client is gone.
     fn drop_cancelled(&mut self) {
-        let metrics = self.metrics;
+        let (metrics, prefix) = (self.metrics, &mut self.prefix);
         self.running.retain(|r| {
             let gone = r.events.is_closed();
             if gone {
-                // What a cancelled request generated was still generated.
+                // What a cancelled request generated was still generated, and its rows stay
+                // good for a retry.
                 metrics
                     .generation_tokens
                     .fetch_add(r.seq.generated_tokens().len() as u64, Ordering::Relaxed);
+                r.seq.keep_prefix(prefix, r.tenant.0 as u64);
             }
             !gone
         });
@@ -313,15 +329,27 @@ impl EngineLoop<'_> {
                     events: r.events.clone(),
                     arrived: r.arrived,
                     first_token: None,
+                    prompt_kept: true,
                 });
             }
         }
         self.running.extend(forked);
     }
 
-    /// Ends the finished sequences: counted, added to their tenant's corpus, logged, reported.
+    /// Offers the prefix cache the prompts that have just been prefilled.
+    fn keep_prompts(&mut self) {
+        for r in self.running.iter_mut() {
+            if !r.prompt_kept && !r.seq.in_prefill() {
+                r.seq.keep_prefix(&mut self.prefix, r.tenant.0 as u64);
+                r.prompt_kept = true;
+            }
+        }
+    }
+
+    /// Ends the finished sequences: counted, added to their tenant's corpus and the prefix cache,
+    /// logged, reported.
     fn finish_done(&mut self, now: Instant) {
-        let (metrics, corpora) = (self.metrics, &self.corpora);
+        let (metrics, corpora, prefix) = (self.metrics, &self.corpora, &mut self.prefix);
         self.running.retain_mut(|r| {
             let Some(reason) = r.seq.finish_reason() else {
                 return true;
@@ -336,9 +364,11 @@ impl EngineLoop<'_> {
                 metrics.time_per_output_token.observe(per);
             }
             corpora.add(r.tenant, &r.seq);
+            r.seq.keep_prefix(prefix, r.tenant.0 as u64);
             let s = &r.seq.stats;
             tracing::info!(
                 prompt_tokens = prompt,
+                cached_tokens = r.seq.cached_tokens(),
                 completion_tokens = completion,
                 finish_reason = ?reason,
                 steps = s.steps,
@@ -352,6 +382,7 @@ impl EngineLoop<'_> {
                 index: r.index,
                 reason,
                 prompt_tokens: prompt,
+                cached_tokens: r.seq.cached_tokens(),
                 completion_tokens: completion,
             });
             false
@@ -370,6 +401,7 @@ impl EngineLoop<'_> {
         match Sequence::new(&self.lm.model, job.prompt, job.config, self.ctx) {
             Ok(mut seq) => {
                 self.corpora.attach(job.tenant, &mut seq);
+                seq.reuse_prefix(&mut self.prefix, job.tenant.0 as u64);
                 self.running.push(Running {
                     tenant: job.tenant,
                     index: 0,
@@ -378,6 +410,7 @@ impl EngineLoop<'_> {
                     events: job.events,
                     arrived: job.arrived,
                     first_token: None,
+                    prompt_kept: false,
                 });
             }
             Err(e) => {

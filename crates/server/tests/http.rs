@@ -17,11 +17,15 @@ fn model() -> Arc<LoadedModel> {
     .clone()
 }
 
+/// The prefix cache's budget in these tests (a few thousand positions of smollm2-135m).
+const PREFIX_CACHE_BYTES: usize = 256 << 20;
+
 fn config() -> ServerConfig {
     ServerConfig {
         model_name: "smollm2-135m".into(),
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
+        prefix_cache_bytes: PREFIX_CACHE_BYTES,
         max_num_seqs: 16,
         max_queue: 64,
         max_model_len: 2048,
@@ -63,7 +67,12 @@ fn client() -> reqwest::Client {
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
+    post_by(&client(), base, path, body).await
+}
+
+/// `post` with a given client (one that sends an API key).
+async fn post_by(c: &reqwest::Client, base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = c
         .post(format!("{base}{path}"))
         .json(&body)
         .send()
@@ -93,7 +102,11 @@ fn assert_error(status: u16, body: &Value, want: u16) {
 
 /// The data lines of an SSE response.
 async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
-    let r = client()
+    sse_by(&client(), base, path, body).await
+}
+
+async fn sse_by(c: &reqwest::Client, base: &str, path: &str, body: Value) -> Vec<String> {
+    let r = c
         .post(format!("{base}{path}"))
         .json(&body)
         .send()
@@ -766,6 +779,140 @@ async fn corpus_drafts_never_cross_api_keys() {
     );
 }
 
+/// A document to ask about: long enough for several cache blocks.
+fn document() -> String {
+    (0..40)
+        .map(|i| format!("def f{i}(x):\n    return x * {i} + {}\n", i % 7))
+        .collect()
+}
+
+/// How many prompt tokens came from the prefix cache, as the usage says.
+fn cached_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
+}
+
+fn answer(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no answer in {v}"))
+        .to_string()
+}
+
+/// A conversation re-sends its history every turn: the second and third turns start from the
+/// prefix cache (`usage.prompt_tokens_details.cached_tokens` covers the earlier turns' full
+/// blocks), and every answer, greedy or seeded, whole or streamed, is the one a server with the
+/// cache off gives. The metrics count the hits and the bytes held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_reuse_the_prefix_cache() {
+    let warm = start(config()).await;
+    let mut off = config();
+    off.prefix_cache_bytes = 0;
+    let cold = start(off).await;
+    let mut messages =
+        vec![json!({"role": "user", "content": format!("{}\nWhat does f3 return?", document())})];
+    let mut prompt_before = 0;
+    for (turn, question) in ["What does f7 return?", "And f12?", ""].iter().enumerate() {
+        let mut body = json!({"model": "smollm2-135m", "messages": messages, "max_tokens": 20});
+        if turn == 1 {
+            body["temperature"] = json!(0.8);
+            body["seed"] = json!(11);
+        } else {
+            body["temperature"] = json!(0);
+        }
+        let (s, a) = post(&warm, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, 200, "{a}");
+        let (s, b) = post(&cold, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(
+            answer(&a),
+            answer(&b),
+            "turn {turn}: warm and cold answers differ"
+        );
+        assert_eq!(cached_tokens(&b), 0, "the cache is off");
+        let cached = cached_tokens(&a);
+        if turn == 0 {
+            assert_eq!(cached, 0, "nothing is cached before the first turn");
+        } else {
+            assert!(
+                cached >= prompt_before / 16 * 16
+                    && cached < a["usage"]["prompt_tokens"].as_u64().unwrap(),
+                "turn {turn}: {cached} cached of {}, the last prompt had {prompt_before}",
+                a["usage"]["prompt_tokens"]
+            );
+        }
+        // The same request streamed is served from the cache too, with the same text.
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let lines = sse(&warm, "/v1/chat/completions", body).await;
+        let chunks: Vec<Value> = lines
+            .iter()
+            .filter(|l| *l != "[DONE]")
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, answer(&b), "turn {turn}: streamed from the cache");
+        let usage = chunks.last().unwrap();
+        assert!(
+            cached_tokens(usage) >= a["usage"]["prompt_tokens"].as_u64().unwrap() / 16 * 16 - 16
+        );
+        prompt_before = a["usage"]["prompt_tokens"].as_u64().unwrap();
+        messages.push(json!({"role": "assistant", "content": answer(&a)}));
+        messages.push(json!({"role": "user", "content": question}));
+    }
+    assert!(gauge(&warm, "pld_prefix_cache_hits_total").await >= 4);
+    assert!(gauge(&warm, "pld_prefix_cache_cached_prompt_tokens_total").await > 0);
+    let (bytes, budget) = (
+        gauge(&warm, "pld_prefix_cache_bytes").await,
+        gauge(&warm, "pld_prefix_cache_budget_bytes").await,
+    );
+    assert!(
+        bytes > 0 && bytes <= budget,
+        "{bytes} bytes held, budget {budget}"
+    );
+    assert_eq!(gauge(&cold, "pld_prefix_cache_bytes").await, 0);
+}
+
+/// The prefix cache is kept per API key: a prompt another key sent is not a hit (its timing
+/// would tell what the other tenant sent), one's own is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_cache_hits_never_cross_api_keys() {
+    let mut c = config();
+    c.api_keys = vec!["alice".into(), "bob".into()];
+    let base = start(c).await;
+    let body = chat(&format!("{}\nWhich function adds 3?", document()), 8);
+    let ask = |key: &'static str| {
+        let (base, body) = (base.clone(), body.clone());
+        async move {
+            let r = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let v: Value = r.json().await.unwrap();
+            (answer(&v), cached_tokens(&v))
+        }
+    };
+    let (first, cached) = ask("alice").await;
+    assert_eq!(cached, 0);
+    let (bob, cached) = ask("bob").await;
+    assert_eq!(cached, 0, "alice's prompt was a hit for bob");
+    assert_eq!(bob, first);
+    let (again, cached) = ask("alice").await;
+    assert!(cached > 0, "alice's own prompt is cached");
+    assert_eq!(again, first);
+    let (bob_again, cached) = ask("bob").await;
+    assert!(cached > 0, "bob's own prompt is cached");
+    assert_eq!(bob_again, first);
+}
+
 /// The model source's prediction table is kept per tenant: a tenant's repeated request drafts
 /// from what the model predicted on its first one (more accepted nodes than a cold start), and
 /// another tenant starts cold (exactly as many as the first request had).
@@ -910,7 +1057,11 @@ async fn waiting(base: &str) -> u64 {
 }
 
 async fn gauge(base: &str, name: &str) -> u64 {
-    let m = client()
+    gauge_by(&client(), base, name).await
+}
+
+async fn gauge_by(c: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let m = c
         .get(format!("{base}/metrics"))
         .send()
         .await
@@ -1100,19 +1251,53 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// One request of the soak: plain, streamed, cancelled mid-stream, over-long (refused), or a
-/// text completion with two choices, by `i % 5`.
-async fn soak_request(base: String, i: usize) {
-    let c = client();
-    match i % 5 {
+/// A client that sends `key` with every request.
+fn client_of(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {key}").parse().unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+/// The soak's two tenants, and the document each asks about.
+const SOAK_KEYS: [&str; 2] = ["alice", "bob"];
+
+fn soak_question(tenant: usize, j: usize) -> Value {
+    let doc = format!("{}# kept by {}\n", document(), SOAK_KEYS[tenant]);
+    chat(&format!("{doc}\nWhat does f{} return?", 3 * j + 1), 6)
+}
+
+/// One request of the soak, from tenant `i % 2`: plain, streamed, cancelled mid-stream,
+/// over-long (refused), a text completion with two choices, or a question about the tenant's
+/// document whose answer must be `answers[tenant][j]` (by `i % 6`).
+async fn soak_request(base: String, i: usize, answers: Arc<Vec<Vec<String>>>) {
+    let tenant = (i / 6) % 2;
+    let c = client_of(SOAK_KEYS[tenant]);
+    match i % 6 {
+        5 => {
+            let j = (i / 12) % answers[tenant].len();
+            let (s, v) = post_by(&c, &base, "/v1/chat/completions", soak_question(tenant, j)).await;
+            assert_eq!(s, 200, "{v}");
+            assert_eq!(answer(&v), answers[tenant][j], "request {i}");
+        }
         0 => {
-            let (s, v) = post(&base, "/v1/chat/completions", chat(&format!("Say {i}."), 4)).await;
+            let (s, v) = post_by(
+                &c,
+                &base,
+                "/v1/chat/completions",
+                chat(&format!("Say {i}."), 4),
+            )
+            .await;
             assert_eq!(s, 200, "{v}");
         }
         1 => {
             let mut body = chat(&format!("Count to {}.", i % 7), 4);
             body["stream"] = json!(true);
-            let lines = sse(&base, "/v1/chat/completions", body).await;
+            let lines = sse_by(&c, &base, "/v1/chat/completions", body).await;
             assert_eq!(lines.last().map(String::as_str), Some("[DONE]"));
         }
         2 => {
@@ -1128,7 +1313,8 @@ async fn soak_request(base: String, i: usize) {
             drop(r); // the client goes away mid-stream
         }
         3 => {
-            let (s, v) = post(
+            let (s, v) = post_by(
+                &c,
                 &base,
                 "/v1/chat/completions",
                 chat(&"word ".repeat(3000), 4),
@@ -1137,7 +1323,8 @@ async fn soak_request(base: String, i: usize) {
             assert_error(s, &v, 400);
         }
         _ => {
-            let (s, v) = post(
+            let (s, v) = post_by(
+                &c,
                 &base,
                 "/v1/completions",
                 json!({"model": "smollm2-135m", "prompt": format!("Item {i}:"), "max_tokens": 3, "n": 2, "temperature": 0.8, "seed": i}),
@@ -1148,19 +1335,43 @@ async fn soak_request(base: String, i: usize) {
     }
 }
 
-/// A soak of 1,000 mixed requests, eight at a time (plain, streamed, cancelled, over-long, two
-/// choices): every answer is right, nothing is left running, and resident memory after the
-/// last 800 is within 10% of what it was after the first 200.
+/// A soak of 1,000 mixed requests from two API keys, eight at a time (plain, streamed,
+/// cancelled, over-long, two choices, questions about each key's document sharing its prefix),
+/// with a prefix cache of 8 MB: every answer is right (a document question's is the one a
+/// server without the cache gives), nothing is left running, resident memory after the last 800
+/// is within 10% of what it was after the first 200, the cache stays within its budget while
+/// evicting, and afterwards a third key's first question is no hit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_of_mixed_requests_keeps_memory_flat() {
-    let base = start(config()).await;
+    let mut c = config();
+    c.api_keys = vec![SOAK_KEYS[0].into(), SOAK_KEYS[1].into(), "carol".into()];
+    c.prefix_cache_bytes = 8 << 20;
+    let mut reference = c.clone();
+    reference.prefix_cache_bytes = 0;
+    let reference = start(reference).await;
+    let mut answers = vec![Vec::new(), Vec::new()];
+    for (tenant, list) in answers.iter_mut().enumerate() {
+        for j in 0..4 {
+            let (s, v) = post_by(
+                &client_of("carol"),
+                &reference,
+                "/v1/chat/completions",
+                soak_question(tenant, j),
+            )
+            .await;
+            assert_eq!(s, 200, "{v}");
+            list.push(answer(&v));
+        }
+    }
+    let answers = Arc::new(answers);
+    let base = start(c).await;
     let run = |from: usize, to: usize| {
-        let base = base.clone();
+        let (base, answers) = (base.clone(), answers.clone());
         async move {
             for group in (from..to).collect::<Vec<_>>().chunks(8) {
                 let tasks: Vec<_> = group
                     .iter()
-                    .map(|&i| tokio::spawn(soak_request(base.clone(), i)))
+                    .map(|&i| tokio::spawn(soak_request(base.clone(), i, answers.clone())))
                     .collect();
                 for t in tasks {
                     t.await.unwrap();
@@ -1174,13 +1385,34 @@ async fn soak_of_mixed_requests_keeps_memory_flat() {
     run(200, 1000).await;
     // Cancelled sequences leave within a step or two.
     for _ in 0..100 {
-        if running(&base).await == 0 {
+        if gauge_by(&client_of("carol"), &base, "pld_num_requests_running").await == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(running(&base).await, 0, "sequences left running");
+    let carol = client_of("carol");
+    assert_eq!(
+        gauge_by(&carol, &base, "pld_num_requests_running").await,
+        0,
+        "sequences left running"
+    );
     let end = rss_kb();
+    let gauge = |name: &'static str| gauge_by(&carol, &base, name);
+    let (bytes, budget) = (gauge("pld_prefix_cache_bytes").await, 8 << 20);
+    assert!(bytes <= budget, "the prefix cache holds {bytes} bytes");
+    assert!(
+        gauge("pld_prefix_cache_evicted_blocks_total").await > 0,
+        "nothing evicted"
+    );
+    assert!(gauge("pld_prefix_cache_hits_total").await > 100, "few hits");
+    let (s, v) = post_by(&carol, &base, "/v1/chat/completions", soak_question(0, 0)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        cached_tokens(&v),
+        0,
+        "another key's document was a hit for carol"
+    );
+    assert_eq!(answer(&v), answers[0][0]);
     eprintln!(
         "soak: 1000 requests in {:.1} s; resident memory {} MB after 200, {} MB after 1000",
         started.elapsed().as_secs_f64(),

@@ -66,6 +66,22 @@ pub struct RowResult {
     #[serde(default)]
     pub accepted_by_source: engine::BySource,
     pub identical: bool,
+    /// Prompt tokens over all turns, and those of them whose keys and values came from the
+    /// prefix cache a row's earlier turns left (the same in both modes).
+    #[serde(default)]
+    pub prompt_tokens: usize,
+    #[serde(default)]
+    pub cached_tokens: usize,
+    /// Summed over turns: wall time to the first text, and end to end (tokenizing, prefill and
+    /// decode), in each mode.
+    #[serde(default)]
+    pub plain_ttft_s: f64,
+    #[serde(default)]
+    pub spec_ttft_s: f64,
+    #[serde(default)]
+    pub plain_e2e_s: f64,
+    #[serde(default)]
+    pub spec_e2e_s: f64,
     /// Per turn: the prompt and the (plain, greedy) output token ids, for offline drafting studies.
     pub turns: Vec<TurnTokens>,
 }
@@ -90,6 +106,27 @@ pub struct Summary {
     pub mismatches: usize,
     #[serde(default)]
     pub accepted_by_source: engine::BySource,
+    /// Turns run (each row has one or more).
+    #[serde(default)]
+    pub turns: usize,
+    #[serde(default)]
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache (later turns reuse earlier ones).
+    #[serde(default)]
+    pub cached_tokens: usize,
+    /// Mean time to first text per turn, seconds, in each mode.
+    #[serde(default)]
+    pub plain_ttft_s: f64,
+    #[serde(default)]
+    pub spec_ttft_s: f64,
+    /// Total end-to-end time (prefill and decode) over all turns, seconds, in each mode.
+    #[serde(default)]
+    pub plain_e2e_s: f64,
+    #[serde(default)]
+    pub spec_e2e_s: f64,
+    /// `plain_e2e_s / spec_e2e_s`: the speedup a user waits for, prefill included.
+    #[serde(default)]
+    pub e2e_speedup: f64,
 }
 
 /// The speculation settings as reports print them (vLLM's names, with the method: `none`,

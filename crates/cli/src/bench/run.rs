@@ -1,6 +1,7 @@
 //! `pld bench run`: real workloads (Spec-Bench's JSONL format) through plain and speculative greedy
 //! decoding in one process, row by row, checking that the outputs are identical and reporting the
-//! speedup per category as a table, JSON, a Markdown report and an SVG chart.
+//! speedup per category as a table, JSON, a Markdown report and an SVG chart: the decode-only
+//! speedup beside time to first token and end-to-end time in both modes.
 
 use super::results::{
     read_json, read_workload, ResultsFile, RowResult, RunSummary, SpeculationReport, Summary,
@@ -9,9 +10,12 @@ use super::results::{
 use crate::spec::SpecArgs;
 use clap::Args;
 use drafting::SpecConfig;
-use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message, ResponseFormat};
+use engine::{
+    GenerationConfig, GenerationOutput, LoadedModel, Message, PrefixCache, ResponseFormat,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -44,6 +48,9 @@ pub struct RunArgs {
     /// Every answer constrained (`--json-object`, `--json-schema FILE`), plain and speculative.
     #[command(flatten)]
     pub format: crate::common::FormatArgs,
+    /// Each row's later turns start from the cache its earlier turns left, in both modes.
+    #[command(flatten)]
+    pub prefix_cache: crate::common::PrefixCacheArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -64,6 +71,13 @@ fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
         prop += r.propose_s;
         s.mismatches += usize::from(!r.identical);
         s.accepted_by_source.add(&r.accepted_by_source);
+        s.turns += r.turns.len();
+        s.prompt_tokens += r.prompt_tokens;
+        s.cached_tokens += r.cached_tokens;
+        s.plain_ttft_s += r.plain_ttft_s;
+        s.spec_ttft_s += r.spec_ttft_s;
+        s.plain_e2e_s += r.plain_e2e_s;
+        s.spec_e2e_s += r.spec_e2e_s;
     }
     let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     // Decode rates count the tokens decode steps produced (the first token of each turn comes
@@ -74,6 +88,9 @@ fn summarize<'a>(rows: impl Iterator<Item = &'a RowResult>) -> Summary {
     s.mean_accepted_tokens = div(dec as f64, steps as f64);
     s.acceptance_rate = div(acc as f64, drafts as f64);
     s.propose_us_per_step = div(prop * 1e6, steps as f64);
+    s.plain_ttft_s = div(s.plain_ttft_s, s.turns as f64);
+    s.spec_ttft_s = div(s.spec_ttft_s, s.turns as f64);
+    s.e2e_speedup = div(s.plain_e2e_s, s.spec_e2e_s);
     s
 }
 
@@ -113,11 +130,20 @@ fn greedy(max_tokens: usize, speculation: SpecConfig, format: &ResponseFormat) -
     }
 }
 
+/// One turn's output, with its wall times: to the first text and end to end.
+struct Turn {
+    out: GenerationOutput,
+    ttft_s: f64,
+    e2e_s: f64,
+}
+
 fn run_one(
     lm: &LoadedModel,
     messages: &[Message],
     config: GenerationConfig,
-) -> anyhow::Result<GenerationOutput> {
+    prefix: &mut PrefixCache,
+) -> anyhow::Result<Turn> {
+    let started = Instant::now();
     // A base model (no chat template) gets the turns as plain text, one paragraph each.
     let prompt = match lm.chat_template {
         Some(_) => lm.render_chat(messages)?,
@@ -127,14 +153,35 @@ fn run_one(
             .collect::<Vec<_>>()
             .join("\n\n"),
     };
+    let ids = lm.tokenizer.encode_prompt(&prompt)?;
     let ctx = lm.model.config.context_len;
-    Ok(lm.generate_text(&prompt, config, ctx, |_| {})?)
+    let mut first = None;
+    let out = engine::generate_reusing(
+        &lm.model,
+        &lm.tokenizer,
+        ids,
+        config,
+        ctx,
+        Some(prefix),
+        |_| {
+            first.get_or_insert_with(|| started.elapsed());
+            true
+        },
+    )?;
+    let e2e = started.elapsed();
+    Ok(Turn {
+        out,
+        ttft_s: first.unwrap_or(e2e).as_secs_f64(),
+        e2e_s: e2e.as_secs_f64(),
+    })
 }
 
+/// One row: its turns one after another, each in both modes. Each mode keeps its own prefix
+/// cache for the row, so a later turn starts from what the earlier ones left in either mode.
 fn run_row(
     lm: &LoadedModel,
     row: &WorkloadRow,
-    max_tokens: usize,
+    args: &RunArgs,
     spec: &SpecConfig,
     format: &ResponseFormat,
 ) -> anyhow::Result<RowResult> {
@@ -144,15 +191,31 @@ fn run_row(
         identical: true,
         ..Default::default()
     };
+    let budget = args.prefix_cache.budget();
+    let mut caches = [(); 2].map(|_| PrefixCache::new(lm.model.kv_shape(), budget));
+    let [plain_cache, spec_cache] = &mut caches;
     let mut messages = Vec::new();
     for turn in &row.turns {
         messages.push(Message::new("user", turn));
-        let plain = run_one(lm, &messages, greedy(max_tokens, SpecConfig::off(), format))?;
-        let fast = run_one(lm, &messages, greedy(max_tokens, *spec, format))?;
+        let plain_config = greedy(args.max_tokens, SpecConfig::off(), format);
+        let p = run_one(lm, &messages, plain_config, plain_cache)?;
+        let f = run_one(
+            lm,
+            &messages,
+            greedy(args.max_tokens, *spec, format),
+            spec_cache,
+        )?;
+        let (plain, fast) = (&p.out, &f.out);
         r.identical &= plain.token_ids == fast.token_ids;
         r.new_tokens += plain.token_ids.len();
         r.plain_decode_s += plain.decode_time.as_secs_f64();
         r.spec_decode_s += fast.decode_time.as_secs_f64();
+        r.prompt_tokens += plain.prompt_token_ids.len();
+        r.cached_tokens += plain.cached_tokens;
+        r.plain_ttft_s += p.ttft_s;
+        r.spec_ttft_s += f.ttft_s;
+        r.plain_e2e_s += p.e2e_s;
+        r.spec_e2e_s += f.e2e_s;
         r.steps += fast.stats.steps;
         r.decode_tokens += fast.stats.decode_tokens;
         r.draft_tokens += fast.stats.draft_tokens;
@@ -243,6 +306,7 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
         lm,
         &[Message::new("user", "Say hello.")],
         greedy(8, *spec, &ResponseFormat::Text),
+        &mut PrefixCache::new(lm.model.kv_shape(), 0),
     )?;
 
     let bar = indicatif::ProgressBar::with_draw_target(
@@ -258,21 +322,23 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
     let mut results = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         bar.set_message(row.category.clone());
-        let r = run_row(lm, row, args.max_tokens, spec, &format)?;
+        let r = run_row(lm, row, args, spec, &format)?;
         if !r.identical {
             bar.suspend(|| eprintln!("{}", mismatch_line(&r)));
         }
         if bar.is_hidden() {
             // No terminal for the bar: a line per row keeps long runs observable.
             eprintln!(
-                "[{}/{}] {} {}: {} tokens, plain {:.1}s, speculative {:.1}s",
+                "[{}/{}] {} {}: {} tokens, decode plain {:.1}s, speculative {:.1}s; end to end plain {:.1}s, speculative {:.1}s",
                 i + 1,
                 rows.len(),
                 r.category,
                 r.question_id,
                 r.new_tokens,
                 r.plain_decode_s,
-                r.spec_decode_s
+                r.spec_decode_s,
+                r.plain_e2e_s,
+                r.spec_e2e_s
             );
         }
         results.push(r);
@@ -294,7 +360,7 @@ fn run_rows(lm: &LoadedModel, args: &RunArgs, spec: &SpecConfig) -> anyhow::Resu
 fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> String {
     let sources: Vec<&str> = drafting::Source::ALL.iter().map(|s| s.name()).collect();
     let mut t = format!(
-        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us | accepted {} |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| category | rows | new tokens | plain tok/s | spec tok/s | speedup | mean accepted | acceptance | propose us | accepted {} | cached prompt | TTFT plain s | TTFT spec s | e2e plain s | e2e spec s | e2e speedup |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         sources.join("/")
     );
     let line = |name: &str, s: &Summary| {
@@ -305,7 +371,7 @@ fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> St
             .collect();
         let accepted = accepted.join("/");
         format!(
-            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} | {} |\n",
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.0}% | {:.2} | {} | {:.0}% | {:.2} | {:.2} | {:.1} | {:.1} | {:.2}x |\n",
             s.rows,
             s.new_tokens,
             s.plain_tokens_per_s,
@@ -314,7 +380,13 @@ fn render_table(categories: &BTreeMap<String, Summary>, overall: &Summary) -> St
             s.mean_accepted_tokens,
             s.acceptance_rate * 100.0,
             s.propose_us_per_step,
-            accepted
+            accepted,
+            100.0 * s.cached_tokens as f64 / s.prompt_tokens.max(1) as f64,
+            s.plain_ttft_s,
+            s.spec_ttft_s,
+            s.plain_e2e_s,
+            s.spec_e2e_s,
+            s.e2e_speedup,
         )
     };
     for (name, s) in categories {
@@ -341,7 +413,7 @@ fn write_outputs(
         .collect();
     let s = &summary.speculation;
     let report = format!(
-        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: {}, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n\n{table}\n![speedup per category](speedup.svg)\n",
+        "# pld benchmark\n\n- date: {}\n- machine: {machine}\n- model: {} ({})\n- threads: {}\n- workloads: {}\n- rows per category: {}\n- new tokens per turn: {}\n- speculation: {}, K = {}, n-gram {}..{}, match policy {}, adaptive draft length {}\n- speedup: total plain decode time / total speculative decode time (greedy; outputs checked identical)\n- cached prompt: the share of prompt tokens served from the prefix cache (a row's later turns reuse its earlier ones, in both modes)\n- TTFT: mean wall time per turn to the first text; e2e: total wall time of all turns (tokenizing, prefill, decode); e2e speedup: plain e2e / speculative e2e\n\n{table}\n![speedup per category](speedup.svg)\n",
         utc_now(),
         summary.model,
         summary.model_path.display(),

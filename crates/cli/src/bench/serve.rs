@@ -37,6 +37,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub prefix_cache: crate::common::PrefixCacheArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
 }
 
@@ -89,11 +91,17 @@ fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-fn server_config(name: &str, ctx: usize, max_seqs: usize, s: SpecConfig) -> server::ServerConfig {
+fn server_config(
+    a: &ServeArgs,
+    ctx: usize,
+    max_seqs: usize,
+    s: SpecConfig,
+) -> server::ServerConfig {
     server::ServerConfig {
-        model_name: name.into(),
+        model_name: "bench".into(),
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
+        prefix_cache_bytes: a.prefix_cache.budget(),
         max_num_seqs: max_seqs,
         max_queue: 1024,
         max_model_len: ctx,
@@ -183,12 +191,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let rows = rt.block_on(async {
         let plain_url = start(server::app(
             lm.clone(),
-            server_config("bench", ctx, max_seqs, plain),
+            server_config(&a, ctx, max_seqs, plain),
         ))
         .await?;
         let spec_url = start(server::app(
             lm.clone(),
-            server_config("bench", ctx, max_seqs, spec),
+            server_config(&a, ctx, max_seqs, spec),
         ))
         .await?;
         // Warm-up.

@@ -77,14 +77,22 @@ impl Meta {
     }
 }
 
-pub(super) fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's usage object; `cached` of the `prompt` tokens came from the prefix cache.
+pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
 }
 
 pub(super) fn finish_reason(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        // The server ends a request a client left by dropping it; it never cancels one itself.
+        FinishReason::Cancelled => "stop",
     }
 }
 
@@ -141,6 +149,7 @@ pub(super) async fn whole(
                 index,
                 reason,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
             } => {
                 completion += completion_tokens;
@@ -154,7 +163,7 @@ pub(super) async fn whole(
                         "created": meta.created,
                         "model": meta.model,
                         "choices": choices,
-                        "usage": usage(prompt_tokens, completion),
+                        "usage": usage(prompt_tokens, cached_tokens, completion),
                     }))
                     .into_response();
                 }

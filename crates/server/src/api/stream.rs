@@ -98,11 +98,12 @@ impl Said {
         vec![data(c)]
     }
 
+    /// Choice `index` is done; `prompt` is the request's prompt tokens and how many of them were cached.
     fn finished(
         &mut self,
         index: usize,
         reason: FinishReason,
-        prompt_tokens: usize,
+        prompt: (usize, usize),
         completion_tokens: usize,
     ) -> Vec<Chunk> {
         let mut out = Vec::new();
@@ -139,7 +140,7 @@ impl Said {
         self.completion += completion_tokens;
         if self.finished == self.n {
             if self.include_usage {
-                let u = usage(prompt_tokens, self.completion);
+                let u = usage(prompt.0, prompt.1, self.completion);
                 out.push(data(self.meta.chunk_of(json!([]), Some(("usage", u)))));
             }
             out.push(done());
@@ -190,8 +191,9 @@ pub(super) fn stream(
                 index,
                 reason,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
-            } => st.finished(index, reason, prompt_tokens, completion_tokens),
+            } => st.finished(index, reason, (prompt_tokens, cached_tokens), completion_tokens),
             Event::Failed(m) => {
                 let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
                 st.done = true;
