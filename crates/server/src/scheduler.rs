@@ -83,6 +83,13 @@ impl Scheduler {
         let ctx = config.max_model_len;
         let corpora = Corpora::new(config.corpus_tokens);
         let prefix = PrefixCache::new(lm.model.kv_shape(), config.prefix_cache_bytes);
+        let per_token = lm.model.kv_shape().bytes_per_position();
+        tracing::info!(
+            budget_bytes = config.prefix_cache_bytes,
+            bytes_per_token = per_token,
+            tokens = config.prefix_cache_bytes / per_token.max(1),
+            "prefix cache"
+        );
         std::thread::Builder::new()
             .name("pld-engine".into())
             .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, (corpora, prefix), &metrics))
