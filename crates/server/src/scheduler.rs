@@ -14,8 +14,9 @@
 //!
 //! Prompts start from the prefix cache: a new sequence copies in the keys and values of the longest
 //! prefix its tenant's earlier requests left (a chat client re-sends the whole conversation every
-//! turn) and prefills only the rest. A sequence offers the cache its prompt once prefilled (so
-//! requests arriving meanwhile with the same start share it) and its output when it finishes.
+//! turn) and prefills only the rest. A sequence offers the cache its prompt's blocks as each
+//! prefill chunk completes (so requests arriving meanwhile with the same start share them), and its
+//! output when it finishes.
 //!
 //! Each tenant (API key) has a corpus of its earlier prompts and outputs, bounded in tokens; a
 //! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
@@ -120,7 +121,7 @@ struct Running {
     events: UnboundedSender<Event>,
     arrived: Instant,
     first_token: Option<Instant>,
-    /// Its prompt's keys and values have been offered to the prefix cache.
+    /// Its whole prompt's keys and values have been offered to the prefix cache.
     prompt_kept: bool,
 }
 
@@ -343,13 +344,13 @@ impl EngineLoop<'_> {
         self.running.extend(forked);
     }
 
-    /// Offers the prefix cache the prompts that have just been prefilled.
+    /// Offers the prefix cache the prompt blocks prefilled so far, chunk by chunk (as vLLM caches
+    /// each block once it is full), so a request arriving during a long prefill with the same
+    /// start reuses what is already computed.
     fn keep_prompts(&mut self) {
-        for r in self.running.iter_mut() {
-            if !r.prompt_kept && !r.seq.in_prefill() {
-                r.seq.keep_prefix(&mut self.prefix, r.tenant.0 as u64);
-                r.prompt_kept = true;
-            }
+        for r in self.running.iter_mut().filter(|r| !r.prompt_kept) {
+            r.seq.keep_prefix(&mut self.prefix, r.tenant.0 as u64);
+            r.prompt_kept = !r.seq.in_prefill();
         }
     }
 
