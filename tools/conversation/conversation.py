@@ -31,15 +31,16 @@ def default_code(chars: int) -> str:
     return cut[: cut.rfind("\n")]
 
 
-def turn(url: str, model: str, messages: list, max_tokens: int) -> dict:
+def turn(url: str, model, messages: list, max_tokens: int) -> dict:
     body = {
-        "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if model:
+        body["model"] = model
     req = urllib.request.Request(
         url.rstrip("/") + "/v1/chat/completions",
         data=json.dumps(body).encode(),
@@ -79,7 +80,7 @@ def turn(url: str, model: str, messages: list, max_tokens: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="the server's base URL")
-    ap.add_argument("--model", default="default", help="the model name to send")
+    ap.add_argument("--model", help="the model name to send (none by default)")
     ap.add_argument("--file", help="the source file to talk about (default: textwrap.py)")
     ap.add_argument("--chars", type=int, default=6000, help="characters of the file to send")
     ap.add_argument("--max-tokens", type=int, default=48)

@@ -19,6 +19,7 @@ pub mod sequence;
 pub mod stats;
 pub mod step;
 pub mod tokenizer;
+pub mod tools;
 pub mod verify;
 pub mod weights;
 

@@ -35,6 +35,12 @@ impl Default for SamplingParams {
     }
 }
 
+/// The most choices one request may ask for (`n`), on every surface.
+pub const MAX_CHOICES: usize = 8;
+
+/// The most alternatives per token a request may ask log-probabilities for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// A sampling setting out of range, with the field it concerns (so that an HTTP error can name
 /// it).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +77,44 @@ impl SamplingParams {
         check(p > 0.0 && p <= 1.0, "top_p", "in (0, 1]", p)?;
         check((0.0..=1.0).contains(&m), "min_p", "in [0, 1]", m)?;
         check(r > 0.0 && r.is_finite(), "repetition_penalty", "> 0", r)
+    }
+
+    /// The settings as OpenAI-style APIs give them, checked once for every surface (the server
+    /// and the Python bindings): temperature in OpenAI's 0..=2 (the engine itself takes any
+    /// temperature >= 0; 0 is greedy), `top_k` -1 or 0 for off, the rest as `validate` checks.
+    pub fn from_request(
+        temperature: f32,
+        top_p: f32,
+        top_k: i64,
+        min_p: f32,
+        repetition_penalty: f32,
+    ) -> Result<Self, SamplingError> {
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(SamplingError {
+                field: "temperature",
+                message: format!("temperature must be between 0 and 2, got {temperature}"),
+            });
+        }
+        let top_k = match top_k {
+            -1 | 0 => 0,
+            k if k > 0 => k as usize,
+            k => {
+                return Err(SamplingError {
+                    field: "top_k",
+                    message: format!("top_k must be -1, 0 or positive, got {k}"),
+                })
+            }
+        };
+        let params = SamplingParams {
+            do_sample: temperature > 0.0,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+        };
+        params.validate()?;
+        Ok(params)
     }
 
     /// Sampling at temperature 0 is greedy decoding.

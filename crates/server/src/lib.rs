@@ -7,7 +7,8 @@ pub mod api;
 pub mod metrics;
 pub mod scheduler;
 pub mod tenant;
-pub mod tools;
+/// Function calling lives in the engine (the Python bindings use it too); re-exported here.
+pub use engine::tools;
 
 use engine::LoadedModel;
 use std::sync::Arc;

@@ -13,11 +13,7 @@ use engine::{GenerationConfig, Message, PromptEnd, ResponseFormat, SamplingParam
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// The most choices one request may ask for (`n`).
-const MAX_N: usize = 8;
-
-/// The most alternatives per token a request may ask for (OpenAI's limit).
-const MAX_TOP_LOGPROBS: usize = 20;
+use engine::sampling::{MAX_CHOICES as MAX_N, MAX_TOP_LOGPROBS};
 
 /// A request that passed every check: what the engine runs and how the answer is shaped.
 pub(super) struct ValidRequest {
@@ -316,38 +312,16 @@ fn config(
     })
 }
 
-/// The sampling settings, in OpenAI's ranges where they are narrower than the engine's.
+/// The sampling settings, in OpenAI's ranges (the engine's one check, `SamplingParams::from_request`).
 fn sampling(req: &WireRequest) -> Result<SamplingParams, ApiError> {
-    let temperature = req.temperature.unwrap_or(1.0);
-    // OpenAI's range; the engine itself takes any temperature >= 0.
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::bad_request(
-            format!("temperature must be between 0 and 2, got {temperature}"),
-            Some("temperature"),
-        ));
-    }
-    let top_k = match req.top_k {
-        None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k as usize,
-        Some(k) => {
-            return Err(ApiError::bad_request(
-                format!("top_k must be -1, 0 or positive, got {k}"),
-                Some("top_k"),
-            ))
-        }
-    };
-    let sampling = SamplingParams {
-        do_sample: temperature > 0.0,
-        temperature,
-        top_k,
-        top_p: req.top_p.unwrap_or(1.0),
-        min_p: req.min_p.unwrap_or(0.0),
-        repetition_penalty: req.repetition_penalty.unwrap_or(1.0),
-    };
-    sampling
-        .validate()
-        .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
-    Ok(sampling)
+    SamplingParams::from_request(
+        req.temperature.unwrap_or(1.0),
+        req.top_p.unwrap_or(1.0),
+        req.top_k.unwrap_or(0),
+        req.min_p.unwrap_or(0.0),
+        req.repetition_penalty.unwrap_or(1.0),
+    )
+    .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))
 }
 
 /// The `logprobs` setting: `None` for none, or the number of alternatives per token.

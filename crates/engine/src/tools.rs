@@ -1,4 +1,4 @@
-//! Function calling for chat completions: the request's `tools` and `tool_choice` checked, the
+//! Function calling for chat completions (the server's and the Python bindings'): the request's `tools` and `tool_choice` checked, the
 //! grammar that forces a call when the client requires one, and the model's output (Qwen-style
 //! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, the format the chat
 //! templates that take tools teach the model) turned into OpenAI `tool_calls`, whole or streamed.

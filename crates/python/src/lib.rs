@@ -1,0 +1,363 @@
+//! `pld._native`: the engine in-process for Python. One `Engine` holds a loaded model, its
+//! speculation settings and a prefix cache; `generate` runs a list of prompts as one continuous
+//! batch (`batch`), `Stream` yields one prompt's text as it is verified. Settings come in and
+//! results go out as JSON, turned into vLLM-shaped objects by `pld/__init__.py`. The GIL is
+//! released while the engine runs; a pending signal (Ctrl-C) is checked after every pass and
+//! stops the generation with `KeyboardInterrupt`.
+
+mod batch;
+mod settings;
+
+use engine::{EngineError, GenerationOutput, LoadedModel, Message, PrefixCache, Sequence};
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use serde_json::{json, Value};
+use settings::Sampling;
+use std::sync::{Arc, Mutex};
+
+/// An engine error as the Python exception a user expects, with pld's message.
+fn py_err(e: EngineError) -> PyErr {
+    match e {
+        EngineError::ModelNotFound(_) => PyFileNotFoundError::new_err(e.to_string()),
+        EngineError::Io(_) => PyOSError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+fn field_err(e: settings::FieldError) -> PyErr {
+    PyValueError::new_err(format!("{}: {}", e.field, e.message))
+}
+
+/// Everything one `LLM` runs on.
+struct Inner {
+    lm: LoadedModel,
+    spec: drafting::SpecConfig,
+    ctx: usize,
+    max_num_seqs: usize,
+    prefix: Mutex<PrefixCache>,
+}
+
+impl Inner {
+    fn prefix(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
+        self.prefix.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A loaded model with its speculation settings and prefix cache.
+#[pyclass(frozen, module = "pld._native")]
+struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[pymethods]
+impl Engine {
+    /// Loads `model` (an alias, fetched on first use, or a `.gguf` path). `speculative_config`
+    /// is vLLM's dict as JSON (Hugging Face's names are aliases); `threads` sizes the compute
+    /// pool (the first engine of the process sets it).
+    #[new]
+    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        model: &str,
+        speculative_config: Option<&str>,
+        max_model_len: Option<usize>,
+        threads: Option<usize>,
+        max_num_seqs: usize,
+        prefix_cache_bytes: Option<usize>,
+    ) -> PyResult<Self> {
+        let overrides = match speculative_config {
+            Some(text) => Some(
+                serde_json::from_str::<drafting::SpecOverrides>(text)
+                    .map_err(|e| PyValueError::new_err(format!("speculative_config: {e}")))?,
+            ),
+            None => None,
+        };
+        let spec = drafting::SpecConfig::default()
+            .merge(overrides.as_ref(), &drafting::SpecOverrides::default())
+            .map_err(|e| PyValueError::new_err(format!("speculative_config: {e}")))?;
+        if threads == Some(0) {
+            return Err(PyValueError::new_err("threads must be at least 1"));
+        }
+        let model = model.to_string();
+        let lm = py.detach(move || -> Result<LoadedModel, PyErr> {
+            let n = threads.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            });
+            engine::kernels::pool::init(n);
+            let path = models::resolve_model(&model).map_err(|e| match e {
+                models::FetchError::UnknownModel(..) => PyFileNotFoundError::new_err(e.to_string()),
+                e => PyRuntimeError::new_err(e.to_string()),
+            })?;
+            if !path.exists() {
+                return Err(py_err(EngineError::ModelNotFound(path)));
+            }
+            LoadedModel::load(&path).map_err(py_err)
+        })?;
+        let ctx = max_model_len
+            .unwrap_or(lm.model.config.context_len)
+            .min(lm.model.config.context_len);
+        let budget = prefix_cache_bytes.unwrap_or_else(engine::prefix_cache::default_budget_bytes);
+        let prefix = Mutex::new(PrefixCache::new(lm.model.kv_shape(), budget));
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                lm,
+                spec,
+                ctx,
+                max_num_seqs: max_num_seqs.max(1),
+                prefix,
+            }),
+        })
+    }
+
+    /// The model's name (from its metadata).
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.lm.name.clone()
+    }
+
+    /// The context length of each sequence.
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.inner.ctx
+    }
+
+    /// The speculation settings in use, as JSON.
+    #[getter]
+    fn speculative_config(&self) -> String {
+        serde_json::to_string(&self.inner.spec).unwrap_or_default()
+    }
+
+    /// The prompt's token ids as generation sees them (BOS added where the model wants one).
+    fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.inner.lm.tokenizer.encode_prompt(text).map_err(py_err)
+    }
+
+    fn decode(&self, ids: Vec<u32>) -> String {
+        self.inner.lm.tokenizer.decode(&ids)
+    }
+
+    /// A conversation (OpenAI messages as JSON) rendered by the model's chat template, with
+    /// `tools` (OpenAI function objects as JSON) offered when given.
+    #[pyo3(signature = (messages, tools=None))]
+    fn render_chat(&self, messages: &str, tools: Option<&str>) -> PyResult<String> {
+        let messages: Vec<Message> = serde_json::from_str(messages)
+            .map_err(|e| PyValueError::new_err(format!("messages: {e}")))?;
+        let tools: Vec<Value> = match tools {
+            Some(t) => serde_json::from_str(t).map_err(|e| PyValueError::new_err(format!("tools: {e}")))?,
+            None => Vec::new(),
+        };
+        if !tools.is_empty() {
+            engine::tools::Tools::parse(Some(&Value::Array(tools.clone())), None)
+                .map_err(|(m, p)| PyValueError::new_err(format!("{p}: {m}")))?;
+        }
+        self.inner
+            .lm
+            .render_chat_with_tools(&messages, &tools)
+            .map_err(py_err)
+    }
+
+    /// Runs every prompt (token ids) with its settings (`SamplingParams` as JSON) in one
+    /// continuous batch; returns a JSON list of results. `progress(done)` is called after each
+    /// pass with the number of prompts finished.
+    #[pyo3(signature = (prompts, sampling, progress=None))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        sampling: Vec<String>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<String> {
+        if prompts.len() != sampling.len() {
+            return Err(PyValueError::new_err("one SamplingParams per prompt"));
+        }
+        let inner = &*self.inner;
+        let mut requests = Vec::with_capacity(prompts.len());
+        for (prompt, s) in prompts.into_iter().zip(&sampling) {
+            let s = Sampling::parse(s).map_err(field_err)?;
+            let config = s.config(inner.spec).map_err(field_err)?;
+            requests.push(batch::Request {
+                prompt,
+                config,
+                n: s.n,
+            });
+        }
+        let lm = &inner.lm;
+        py.detach(|| batch::check(lm, &requests, inner.ctx))
+            .map_err(py_err)?;
+        let mut last = usize::MAX;
+        let ran = py.detach(|| {
+            let mut prefix = inner.prefix();
+            batch::run(lm, &mut prefix, requests, inner.max_num_seqs, inner.ctx, |done| {
+                Python::attach(|py| {
+                    py.check_signals()?;
+                    if let Some(p) = progress.as_ref().filter(|_| done != last) {
+                        last = done;
+                        p.call1(py, (done,))?;
+                    }
+                    Ok::<(), PyErr>(())
+                })
+            })
+        });
+        let results = match ran {
+            Ok(r) => r,
+            Err(batch::Stopped::Engine(e)) => return Err(py_err(e)),
+            Err(batch::Stopped::Caller(e)) => return Err(e),
+        };
+        let tok = &inner.lm.tokenizer;
+        let out: Vec<Value> = results
+            .iter()
+            .map(|choices| request_json(tok, choices))
+            .collect();
+        Ok(Value::Array(out).to_string())
+    }
+
+    /// One prompt's text as it is verified: an iterator of pieces.
+    fn stream(&self, prompt: Vec<u32>, sampling: &str) -> PyResult<Stream> {
+        let s = Sampling::parse(sampling).map_err(field_err)?;
+        if s.n != 1 {
+            return Err(PyValueError::new_err("n: a stream has one choice"));
+        }
+        let config = s.config(self.inner.spec).map_err(field_err)?;
+        let requests = [batch::Request {
+            prompt: prompt.clone(),
+            config: config.clone(),
+            n: 1,
+        }];
+        batch::check(&self.inner.lm, &requests, self.inner.ctx).map_err(py_err)?;
+        let mut seq =
+            Sequence::new(&self.inner.lm.model, prompt, config, self.inner.ctx).map_err(py_err)?;
+        seq.reuse_prefix(&mut self.inner.prefix(), engine::LOCAL_NAMESPACE);
+        Ok(Stream {
+            inner: self.inner.clone(),
+            seq: Some(seq),
+        })
+    }
+}
+
+/// An iterator over one generation's text pieces (`Engine.stream`).
+#[pyclass(module = "pld._native")]
+struct Stream {
+    inner: Arc<Inner>,
+    /// `None` once finished.
+    seq: Option<Sequence>,
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<String>> {
+        let inner = &*self.inner;
+        let Some(seq) = self.seq.as_mut() else {
+            return Ok(None);
+        };
+        loop {
+            if seq.is_finished() {
+                let text = seq.take_new_text();
+                if !text.is_empty() {
+                    return Ok(Some(text));
+                }
+                seq.keep_prefix(&mut inner.prefix(), engine::LOCAL_NAMESPACE);
+                self.seq = None;
+                return Ok(None);
+            }
+            py.detach(|| engine::step(&inner.lm.model, &inner.lm.tokenizer, &mut [&mut *seq]))
+                .map_err(py_err)?;
+            py.check_signals()?;
+            let text = seq.take_new_text();
+            if !text.is_empty() {
+                return Ok(Some(text));
+            }
+        }
+    }
+}
+
+/// One request's result for `pld/__init__.py`: its prompt ids, choices and metrics.
+fn request_json(tok: &engine::Tokenizer, choices: &[batch::Choice]) -> Value {
+    let first = &choices[0].out;
+    let outputs: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| choice_json(tok, i, &c.out))
+        .collect();
+    let (mut steps, mut drafted, mut accepted, mut decoded) = (0, 0, 0, 0);
+    let (mut prefill, mut decode) = (0.0, 0.0);
+    for c in choices {
+        let s = &c.out.stats;
+        (steps, drafted) = (steps + s.steps, drafted + s.draft_tokens);
+        (accepted, decoded) = (accepted + s.accepted_tokens, decoded + s.decode_tokens);
+        prefill += c.out.prefill_time.as_secs_f64();
+        decode += c.out.decode_time.as_secs_f64();
+    }
+    json!({
+        "prompt_token_ids": first.prompt_token_ids,
+        "num_cached_tokens": first.cached_tokens,
+        "outputs": outputs,
+        "metrics": {
+            "first_token_s": choices.iter().filter_map(|c| c.first_token_s).reduce(f64::min),
+            "prefill_s": prefill,
+            "decode_s": decode,
+            "steps": steps,
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "decode_tokens": decoded,
+            "mean_accepted_tokens": if steps > 0 { decoded as f64 / steps as f64 } else { 0.0 },
+            "acceptance_rate": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+        },
+    })
+}
+
+fn choice_json(tok: &engine::Tokenizer, index: usize, out: &GenerationOutput) -> Value {
+    let text_of = |id: u32| String::from_utf8_lossy(tok.token_bytes(id)).into_owned();
+    let logprobs: Option<Vec<Value>> = (!out.logprobs.is_empty()).then(|| {
+        out.logprobs
+            .iter()
+            .map(|lp| {
+                let top: Vec<Value> = lp.top.iter().map(|&(id, l)| json!([id, l, text_of(id)])).collect();
+                json!({"token": lp.token, "logprob": lp.logprob, "text": text_of(lp.token), "top": top})
+            })
+            .collect()
+    });
+    let cumulative = (!out.logprobs.is_empty())
+        .then(|| out.logprobs.iter().map(|l| l.logprob as f64).sum::<f64>());
+    let finish = match out.finish_reason {
+        engine::FinishReason::Stop => "stop",
+        engine::FinishReason::Length => "length",
+        engine::FinishReason::Cancelled => "abort",
+    };
+    json!({
+        "index": index,
+        "text": out.text,
+        "token_ids": out.token_ids,
+        "finish_reason": finish,
+        "logprobs": logprobs,
+        "cumulative_logprob": cumulative,
+    })
+}
+
+/// Checks `SamplingParams` (as JSON) the way `generate` will: a `ValueError` names the field.
+#[pyfunction]
+fn check_sampling(sampling: &str) -> PyResult<()> {
+    let s = Sampling::parse(sampling).map_err(field_err)?;
+    s.config(drafting::SpecConfig::off()).map_err(field_err)?;
+    Ok(())
+}
+
+/// The function calls in a model's output, as the server parses them: `(content, calls)` with
+/// the calls as OpenAI `tool_calls` JSON, or `None` when it holds no well-formed call.
+#[pyfunction]
+fn parse_tool_calls(text: &str, id_prefix: &str) -> Option<(Option<String>, String)> {
+    engine::tools::parse_calls(text, id_prefix)
+        .map(|(content, calls)| (content, Value::Array(calls).to_string()))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add_class::<Stream>()?;
+    m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_tool_calls, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `SamplingParams` as Python gives them (vLLM's names, passed as JSON by `pld/__init__.py`) into
+//! the engine's `GenerationConfig`, with the checks every surface makes: a wrong value is an error
+//! naming its field.
+
+use engine::sampling::{MAX_CHOICES, MAX_TOP_LOGPROBS};
+use engine::{GenerationConfig, ResponseFormat, SamplingParams};
+use serde::Deserialize;
+
+/// vLLM's `SamplingParams` fields that pld honours (unknown ones are refused by the Python class).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    #[serde(default = "one")]
+    pub n: usize,
+    #[serde(default = "one_f")]
+    pub temperature: f32,
+    #[serde(default = "one_f")]
+    pub top_p: f32,
+    #[serde(default)]
+    pub top_k: i64,
+    #[serde(default)]
+    pub min_p: f32,
+    #[serde(default = "one_f")]
+    pub repetition_penalty: f32,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// vLLM's default is 16 new tokens; `None` fills the context.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    #[serde(default)]
+    pub stop: Vec<String>,
+    #[serde(default)]
+    pub logprobs: Option<usize>,
+    #[serde(default)]
+    pub structured_outputs: Option<Structured>,
+}
+
+/// vLLM's `StructuredOutputsParams`, the kinds pld supports.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Structured {
+    /// A JSON schema (an object, or its text).
+    #[serde(default)]
+    pub json: Option<serde_json::Value>,
+    #[serde(default)]
+    pub json_object: Option<bool>,
+    /// A grammar in llama.cpp's GBNF (start rule `root`).
+    #[serde(default)]
+    pub grammar: Option<String>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn one_f() -> f32 {
+    1.0
+}
+
+/// A setting out of range: its field and what is wrong.
+pub struct FieldError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn field(field: &'static str, message: String) -> FieldError {
+    FieldError { field, message }
+}
+
+impl Sampling {
+    pub fn parse(json: &str) -> Result<Sampling, FieldError> {
+        serde_json::from_str(json).map_err(|e| field("sampling_params", e.to_string()))
+    }
+
+    /// The generation settings, checked; `speculation` is the model's (one per `LLM`).
+    pub fn config(&self, speculation: drafting::SpecConfig) -> Result<GenerationConfig, FieldError> {
+        if !(1..=MAX_CHOICES).contains(&self.n) {
+            let m = format!("n must be between 1 and {MAX_CHOICES}, got {}", self.n);
+            return Err(field("n", m));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(field("max_tokens", "max_tokens must be at least 1".into()));
+        }
+        if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            let m = format!(
+                "at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {}",
+                self.logprobs.unwrap_or(0)
+            );
+            return Err(field("logprobs", m));
+        }
+        let sampling = SamplingParams::from_request(
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.min_p,
+            self.repetition_penalty,
+        )
+        .map_err(|e| field(e.field, e.message))?;
+        Ok(GenerationConfig {
+            max_new_tokens: self.max_tokens.unwrap_or(usize::MAX),
+            sampling,
+            seed: self.seed,
+            speculation,
+            stop: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            logprobs: self.logprobs,
+            response_format: self.response_format()?,
+        })
+    }
+
+    fn response_format(&self) -> Result<ResponseFormat, FieldError> {
+        let Some(s) = &self.structured_outputs else {
+            return Ok(ResponseFormat::Text);
+        };
+        let asked = [s.json.is_some(), s.json_object == Some(true), s.grammar.is_some()];
+        if asked.iter().filter(|&&a| a).count() > 1 {
+            let m = "give one of structured_outputs.json, json_object and grammar".to_string();
+            return Err(field("structured_outputs", m));
+        }
+        Ok(match (&s.json, s.json_object, &s.grammar) {
+            (Some(schema), _, _) => {
+                let schema = match schema {
+                    serde_json::Value::String(text) => serde_json::from_str(text).map_err(|e| {
+                        field("structured_outputs.json", format!("not JSON: {e}"))
+                    })?,
+                    other => other.clone(),
+                };
+                ResponseFormat::JsonSchema { schema }
+            }
+            (_, Some(true), _) => ResponseFormat::JsonObject,
+            (_, _, Some(grammar)) => ResponseFormat::Gbnf {
+                grammar: grammar.clone(),
+            },
+            _ => ResponseFormat::Text,
+        })
+    }
+}
