@@ -139,6 +139,10 @@ pub fn run<E>(
     }
     Ok(results
         .into_iter()
-        .map(|r| r.into_iter().map(|c| c.expect("every choice ran")).collect())
+        .map(|r| {
+            r.into_iter()
+                .map(|c| c.expect("every choice ran"))
+                .collect()
+        })
         .collect())
 }

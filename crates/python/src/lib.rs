@@ -80,9 +80,8 @@ impl Engine {
         }
         let model = model.to_string();
         let lm = py.detach(move || -> Result<LoadedModel, PyErr> {
-            let n = threads.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            });
+            let n = threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             engine::kernels::pool::init(n);
             let path = models::resolve_model(&model).map_err(|e| match e {
                 models::FetchError::UnknownModel(..) => PyFileNotFoundError::new_err(e.to_string()),
@@ -137,23 +136,35 @@ impl Engine {
     }
 
     /// A conversation (OpenAI messages as JSON) rendered by the model's chat template, with
-    /// `tools` (OpenAI function objects as JSON) offered when given.
-    #[pyo3(signature = (messages, tools=None))]
-    fn render_chat(&self, messages: &str, tools: Option<&str>) -> PyResult<String> {
+    /// `tools` (OpenAI function objects as JSON) offered as `tool_choice` (OpenAI's value as
+    /// JSON) says; also the grammar that forces a call when the choice requires one.
+    #[pyo3(signature = (messages, tools=None, tool_choice=None))]
+    fn render_chat(
+        &self,
+        messages: &str,
+        tools: Option<&str>,
+        tool_choice: Option<&str>,
+    ) -> PyResult<(String, Option<String>)> {
         let messages: Vec<Message> = serde_json::from_str(messages)
             .map_err(|e| PyValueError::new_err(format!("messages: {e}")))?;
-        let tools: Vec<Value> = match tools {
-            Some(t) => serde_json::from_str(t).map_err(|e| PyValueError::new_err(format!("tools: {e}")))?,
-            None => Vec::new(),
+        let json_arg = |name: &str, text: Option<&str>| -> PyResult<Option<Value>> {
+            text.map(serde_json::from_str)
+                .transpose()
+                .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
         };
-        if !tools.is_empty() {
-            engine::tools::Tools::parse(Some(&Value::Array(tools.clone())), None)
-                .map_err(|(m, p)| PyValueError::new_err(format!("{p}: {m}")))?;
-        }
-        self.inner
+        let (tools, choice) = (
+            json_arg("tools", tools)?,
+            json_arg("tool_choice", tool_choice)?,
+        );
+        let tools = engine::tools::Tools::parse(tools.as_ref(), choice.as_ref())
+            .map_err(|(m, p)| PyValueError::new_err(format!("{p}: {m}")))?;
+        let offered = tools.as_ref().map_or(&[][..], |t| t.offered());
+        let prompt = self
+            .inner
             .lm
-            .render_chat_with_tools(&messages, &tools)
-            .map_err(py_err)
+            .render_chat_with_tools(&messages, offered)
+            .map_err(py_err)?;
+        Ok((prompt, tools.and_then(|t| t.forced_grammar())))
     }
 
     /// Runs every prompt (token ids) with its settings (`SamplingParams` as JSON) in one
@@ -187,16 +198,23 @@ impl Engine {
         let mut last = usize::MAX;
         let ran = py.detach(|| {
             let mut prefix = inner.prefix();
-            batch::run(lm, &mut prefix, requests, inner.max_num_seqs, inner.ctx, |done| {
-                Python::attach(|py| {
-                    py.check_signals()?;
-                    if let Some(p) = progress.as_ref().filter(|_| done != last) {
-                        last = done;
-                        p.call1(py, (done,))?;
-                    }
-                    Ok::<(), PyErr>(())
-                })
-            })
+            batch::run(
+                lm,
+                &mut prefix,
+                requests,
+                inner.max_num_seqs,
+                inner.ctx,
+                |done| {
+                    Python::attach(|py| {
+                        py.check_signals()?;
+                        if let Some(p) = progress.as_ref().filter(|_| done != last) {
+                            last = done;
+                            p.call1(py, (done,))?;
+                        }
+                        Ok::<(), PyErr>(())
+                    })
+                },
+            )
         });
         let results = match ran {
             Ok(r) => r,

@@ -44,7 +44,8 @@ pub struct Structured {
     pub json: Option<serde_json::Value>,
     #[serde(default)]
     pub json_object: Option<bool>,
-    /// A grammar in llama.cpp's GBNF (start rule `root`).
+    /// A grammar: llama.cpp's GBNF (rules `name ::= ...`, start rule `root`) or llguidance's
+    /// Lark (start rule `start`), told apart by `::=`.
     #[serde(default)]
     pub grammar: Option<String>,
 }
@@ -73,7 +74,10 @@ impl Sampling {
     }
 
     /// The generation settings, checked; `speculation` is the model's (one per `LLM`).
-    pub fn config(&self, speculation: drafting::SpecConfig) -> Result<GenerationConfig, FieldError> {
+    pub fn config(
+        &self,
+        speculation: drafting::SpecConfig,
+    ) -> Result<GenerationConfig, FieldError> {
         if !(1..=MAX_CHOICES).contains(&self.n) {
             let m = format!("n must be between 1 and {MAX_CHOICES}, got {}", self.n);
             return Err(field("n", m));
@@ -101,7 +105,12 @@ impl Sampling {
             sampling,
             seed: self.seed,
             speculation,
-            stop: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            stop: self
+                .stop
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
             logprobs: self.logprobs,
             response_format: self.response_format()?,
         })
@@ -111,7 +120,11 @@ impl Sampling {
         let Some(s) = &self.structured_outputs else {
             return Ok(ResponseFormat::Text);
         };
-        let asked = [s.json.is_some(), s.json_object == Some(true), s.grammar.is_some()];
+        let asked = [
+            s.json.is_some(),
+            s.json_object == Some(true),
+            s.grammar.is_some(),
+        ];
         if asked.iter().filter(|&&a| a).count() > 1 {
             let m = "give one of structured_outputs.json, json_object and grammar".to_string();
             return Err(field("structured_outputs", m));
@@ -119,15 +132,17 @@ impl Sampling {
         Ok(match (&s.json, s.json_object, &s.grammar) {
             (Some(schema), _, _) => {
                 let schema = match schema {
-                    serde_json::Value::String(text) => serde_json::from_str(text).map_err(|e| {
-                        field("structured_outputs.json", format!("not JSON: {e}"))
-                    })?,
+                    serde_json::Value::String(text) => serde_json::from_str(text)
+                        .map_err(|e| field("structured_outputs.json", format!("not JSON: {e}")))?,
                     other => other.clone(),
                 };
                 ResponseFormat::JsonSchema { schema }
             }
             (_, Some(true), _) => ResponseFormat::JsonObject,
-            (_, _, Some(grammar)) => ResponseFormat::Gbnf {
+            (_, _, Some(grammar)) if grammar.contains("::=") => ResponseFormat::Gbnf {
+                grammar: grammar.clone(),
+            },
+            (_, _, Some(grammar)) => ResponseFormat::Lark {
                 grammar: grammar.clone(),
             },
             _ => ResponseFormat::Text,

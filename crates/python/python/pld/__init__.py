@@ -14,9 +14,10 @@ new). The engine runs with the GIL released; Ctrl-C stops it with KeyboardInterr
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 
@@ -42,6 +43,7 @@ class StructuredOutputsParams:
 
     json: Optional[Union[Dict[str, Any], str]] = None
     json_object: Optional[bool] = None
+    #: llama.cpp's GBNF (`root ::= ...`) or llguidance's Lark (`start: ...`).
     grammar: Optional[str] = None
 
 
@@ -248,13 +250,27 @@ class LLM:
         sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
         use_tqdm: bool = True,
         tools: Optional[List[Dict[str, Any]]] = None,
+        tool_choice: Union[str, Dict[str, Any]] = "auto",
     ) -> List[RequestOutput]:
         """Generates replies to a conversation (OpenAI-style messages) or a list of them, rendered
-        by the model's chat template. With `tools`, the model's `<tool_call>` blocks come back
-        parsed: each choice's `tool_calls` (OpenAI's objects) and its `text` without them."""
+        by the model's chat template. With `tools` (OpenAI function objects), the model's
+        `<tool_call>` blocks come back parsed: each choice's `tool_calls` (OpenAI's objects) and
+        its `text` without them. `tool_choice` is OpenAI's: "auto", "none", "required" or
+        `{"type": "function", "function": {"name": ...}}`; the last two force a call by grammar."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self._render(c, tools) for c in conversations]  # type: ignore[arg-type]
-        outs = self.generate(prompts, sampling_params, use_tqdm)
+        rendered = [self._render(c, tools, tool_choice) for c in conversations]  # type: ignore[arg-type]
+        prompts = [prompt for prompt, _ in rendered]
+        params = _params_list(sampling_params, len(prompts))
+        for i, (_, grammar) in enumerate(rendered):
+            if grammar is not None:
+                if params[i].structured_outputs is not None:
+                    raise ValueError(
+                        "tool_choice: forcing a call cannot be combined with structured_outputs"
+                    )
+                forced = dataclasses.replace(params[i])
+                forced.structured_outputs = StructuredOutputsParams(grammar=grammar)
+                params[i] = forced
+        outs = self.generate(prompts, params, use_tqdm)
         if tools:
             for out in outs:
                 for o in out.outputs:
@@ -273,15 +289,21 @@ class LLM:
         """Yields the text of one generation piece by piece as it is verified. `prompt` is a
         string, token ids, or a conversation (rendered by the chat template)."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prompt = self._render(prompt, None)  # type: ignore[arg-type]
+            prompt = self._render(prompt, None, "auto")[0]  # type: ignore[arg-type]
         ids = self._engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = sampling_params or SamplingParams()
         return iter(self._engine.stream(ids, params._json()))
 
-    def _render(self, messages: Messages, tools: Optional[List[Dict[str, Any]]]) -> str:
-        return self._engine.render_chat(
-            json.dumps(messages), None if not tools else json.dumps(tools)
-        )
+    def _render(
+        self,
+        messages: Messages,
+        tools: Optional[List[Dict[str, Any]]],
+        tool_choice: Union[str, Dict[str, Any]],
+    ) -> Tuple[str, Optional[str]]:
+        """The prompt, and the grammar of a forced call (when `tool_choice` forces one)."""
+        if not tools:
+            return self._engine.render_chat(json.dumps(messages), None, None)[0], None
+        return self._engine.render_chat(json.dumps(messages), json.dumps(tools), json.dumps(tool_choice))
 
 
 class _Tokenizer:

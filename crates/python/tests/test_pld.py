@@ -1,0 +1,201 @@
+"""The `pld` package as a vLLM user calls it, on smollm2-135m (and qwen-coder-0.5b for tools):
+greedy output equal to the `pld` binary's, speculative equal to plain, a batch equal to its prompts
+alone (and faster than running them in turn), seeded sampling reproducible, chat with the prefix
+cache and with a tool, streaming, structured output, every error as an exception with pld's
+message, and Ctrl-C interrupting a generation."""
+
+import _thread
+import json
+import os
+import pathlib
+import subprocess
+import threading
+import time
+
+import pytest
+
+import pld
+from pld import LLM, SamplingParams, StructuredOutputsParams
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+PLD_BIN = os.environ.get("PLD_BIN", str(REPO / "target" / "release" / "pld"))
+PROMPT = "def fibonacci(n):\n    # Return the n-th Fibonacci number.\n"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("smollm2-135m", threads=2)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return LLM("smollm2-135m", speculative_config={"num_speculative_tokens": 0}, threads=2)
+
+
+def greedy(max_tokens=48, **kw):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+def test_greedy_equals_the_pld_binary(llm):
+    out = llm.generate(PROMPT, greedy(), use_tqdm=False)[0]
+    run = subprocess.run(
+        [PLD_BIN, "generate", "--model", "smollm2-135m", "--prompt", PROMPT,
+         "--max-tokens", "48", "--threads", "2", "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    cli = json.loads(run.stdout)
+    assert out.outputs[0].token_ids == cli["token_ids"]
+    assert out.outputs[0].text == cli["text"]
+    assert out.prompt_token_ids == cli["prompt_token_ids"]
+    assert out.prompt == PROMPT
+
+
+def test_speculative_equals_plain_and_drafts_are_accepted(llm, plain):
+    text = "Copy this list: alpha, beta, gamma, delta, epsilon, zeta, eta, theta.\nCopy: alpha,"
+    fast = llm.generate(text, greedy(64), use_tqdm=False)[0]
+    slow = plain.generate(text, greedy(64), use_tqdm=False)[0]
+    assert fast.outputs[0].token_ids == slow.outputs[0].token_ids
+    assert slow.metrics.draft_tokens == 0
+    assert fast.metrics.accepted_tokens > 0
+    assert fast.metrics.mean_accepted_tokens > 1.0
+    assert llm.speculative_config["num_speculative_tokens"] > 0
+
+
+def test_a_batch_equals_its_prompts_alone_and_is_faster_than_them_in_turn(plain):
+    prompts = [f"Write a short note about the number {i}." for i in range(8)]
+    started = time.perf_counter()
+    together = plain.generate(prompts, greedy(32), use_tqdm=False)
+    batch_s = time.perf_counter() - started
+    started = time.perf_counter()
+    alone = [plain.generate(p, greedy(32), use_tqdm=False)[0] for p in prompts]
+    alone_s = time.perf_counter() - started
+    for t, a in zip(together, alone):
+        assert t.outputs[0].token_ids == a.outputs[0].token_ids
+        assert t.prompt == a.prompt
+    assert [o.request_id for o in together] == [str(i) for i in range(8)]
+    # Eight rows per pass cost far less than eight passes; a loose bound for a shared machine.
+    assert batch_s < alone_s, f"batch {batch_s:.2f} s, in turn {alone_s:.2f} s"
+
+
+def test_seeded_sampling_is_reproducible_and_n_choices_differ(llm):
+    p = SamplingParams(temperature=0.9, top_p=0.95, seed=123, max_tokens=24, n=3)
+    a = llm.generate("Once upon a time", p, use_tqdm=False)[0]
+    b = llm.generate("Once upon a time", p, use_tqdm=False)[0]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert [o.index for o in a.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in a.outputs}) > 1, "three choices, one answer"
+
+
+def test_chat_reuses_the_prefix_cache_across_turns(llm):
+    messages = [{"role": "user", "content": "List five animals that live in the sea, with a sentence on each."}]
+    first = llm.chat(messages, greedy(40), use_tqdm=False)[0]
+    messages += [
+        {"role": "assistant", "content": first.outputs[0].text},
+        {"role": "user", "content": "Now pick the largest of them."},
+    ]
+    second = llm.chat(messages, greedy(24), use_tqdm=False)[0]
+    assert second.num_cached_tokens >= len(first.prompt_token_ids) // 16 * 16 > 0
+    assert second.num_cached_tokens < len(second.prompt_token_ids)
+
+
+def test_streamed_pieces_join_to_the_whole_text(llm):
+    whole = llm.generate(PROMPT, greedy(40), use_tqdm=False)[0].outputs[0].text
+    pieces = list(llm.stream(PROMPT, greedy(40)))
+    assert len(pieces) > 1
+    assert "".join(pieces) == whole
+    chat = [{"role": "user", "content": "Say hello."}]
+    assert "".join(llm.stream(chat, greedy(16))) == llm.chat(chat, greedy(16), use_tqdm=False)[0].outputs[0].text
+
+
+def test_structured_output_is_valid_against_its_schema(llm):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    p = greedy(64, structured_outputs=StructuredOutputsParams(json=schema))
+    out = llm.chat([{"role": "user", "content": "Invent a person: name and age, as JSON."}], p, use_tqdm=False)
+    value = json.loads(out[0].outputs[0].text)
+    assert set(value) == {"name", "age"}
+    assert isinstance(value["name"], str) and isinstance(value["age"], int)
+
+
+def test_logprobs_have_vllm_shape(llm):
+    out = llm.generate(PROMPT, greedy(8, logprobs=3), use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == len(out.token_ids)
+    for token, at in zip(out.token_ids, out.logprobs):
+        assert token in at and at[token].rank == 1, "greedy takes the most likely token"
+        assert len(at) == 3
+        assert all(lp.logprob <= 0 for lp in at.values())
+    assert out.cumulative_logprob == pytest.approx(sum(at[t].logprob for t, at in zip(out.token_ids, out.logprobs)))
+
+
+def test_chat_with_a_tool_on_qwen():
+    llm = LLM("qwen-coder-0.5b", threads=2)
+    tools = [{
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }]
+    ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    out = llm.chat(ask, greedy(64), use_tqdm=False, tools=tools, tool_choice="required")[0].outputs[0]
+    assert out.tool_calls, f"no call in {out.text!r}"
+    call = out.tool_calls[0]["function"]
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"])["city"] == "Paris"
+    assert out.text == ""
+    with pytest.raises(ValueError, match="tool_choice"):
+        llm.chat(ask, greedy(8), use_tqdm=False, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+def test_bad_settings_raise_value_errors_naming_the_field():
+    for kwargs, field in [
+        ({"temperature": 3.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 50}, "logprobs"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match="speculative_config"):
+        LLM("smollm2-135m", speculative_config={"num_speculative_tokens": 4, "bogus": 1})
+
+
+def test_model_errors_are_exceptions_with_pld_messages(tmp_path, llm):
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        LLM(str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match="unknown model 'no-such-model'"):
+        LLM("no-such-model")
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(64))
+    with pytest.raises(ValueError, match="cannot read model file"):
+        LLM(str(corrupt))
+    tiny = REPO / "crates" / "engine" / "tests" / "tiny" / "llama3.gguf"
+    mamba = tmp_path / "mamba.gguf"
+    mamba.write_bytes(tiny.read_bytes().replace(b"llama", b"mamba"))
+    with pytest.raises(ValueError, match="unsupported model architecture 'mamba'"):
+        LLM(str(mamba))
+    short = LLM("smollm2-135m", max_model_len=32)
+    with pytest.raises(ValueError, match="prompt is too long"):
+        short.generate("word " * 100, use_tqdm=False)
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a", "b"], [greedy()], use_tqdm=False)
+
+
+def test_ctrl_c_interrupts_a_generation(plain):
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        plain.generate(["Count from 1 to 5000, separated by commas: 1, 2, 3,"] * 4,
+                       SamplingParams(temperature=0, max_tokens=4000), use_tqdm=False)
+    assert time.perf_counter() - started < 30
+    timer.cancel()
+    # The engine is usable afterwards.
+    assert plain.generate("Hello", greedy(4), use_tqdm=False)[0].outputs[0].token_ids
