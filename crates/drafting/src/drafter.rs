@@ -222,9 +222,9 @@ impl Drafter {
         self.index.push(token);
     }
 
-    /// Cuts the sequence back to `len` tokens (the estimates are kept).
-    #[cfg(test)]
-    fn truncate(&mut self, len: usize) {
+    /// Cuts the sequence back to `len` tokens (the estimates are kept): an engine that rolled
+    /// its own sequence back (a rejected draft it had appended, a regenerated turn).
+    pub fn truncate(&mut self, len: usize) {
         self.index.truncate(len);
     }
 

@@ -6,6 +6,7 @@
 //! stops the generation with `KeyboardInterrupt`.
 
 mod batch;
+mod draft;
 mod settings;
 
 use engine::{EngineError, GenerationOutput, LoadedModel, Message, PrefixCache, Sequence};
@@ -65,16 +66,7 @@ impl Engine {
         max_num_seqs: usize,
         prefix_cache_bytes: Option<usize>,
     ) -> PyResult<Self> {
-        let overrides = match speculative_config {
-            Some(text) => Some(
-                serde_json::from_str::<drafting::SpecOverrides>(text)
-                    .map_err(|e| PyValueError::new_err(format!("speculative_config: {e}")))?,
-            ),
-            None => None,
-        };
-        let spec = drafting::SpecConfig::default()
-            .merge(overrides.as_ref(), &drafting::SpecOverrides::default())
-            .map_err(|e| PyValueError::new_err(format!("speculative_config: {e}")))?;
+        let spec = draft::spec_config(speculative_config)?;
         if threads == Some(0) {
             return Err(PyValueError::new_err("threads must be at least 1"));
         }
@@ -375,6 +367,8 @@ fn parse_tool_calls(text: &str, id_prefix: &str) -> Option<(Option<String>, Stri
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<Stream>()?;
+    m.add_class::<draft::PyDrafter>()?;
+    m.add_class::<draft::PyCorpus>()?;
     m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
     m.add_function(wrap_pyfunction!(parse_tool_calls, m)?)?;
     Ok(())
