@@ -7,7 +7,8 @@ the model's own), and proposal time per step at 1k, 8k, 32k and 128k tokens of c
 vLLM's proposer is imported from vLLM when it is installed, or loaded from its source file
 (`--vllm-file .../vllm/v1/spec_decode/ngram_proposer.py`, e.g. from the unpacked wheel; it needs
 numpy, numba and torch). Both get K=8 and n-grams of 1..4 (vLLM: the longest n-gram, earliest
-match; pld: its defaults, most recent match, adaptive length, and again with a fixed length).
+match; pld: most recent match, full-length drafts (its default inside vLLM), and again with its
+adaptive length).
 
     python3 tools/drafter_bench/vllm_ngram.py --results docs/bench/results.json --vllm-file FILE
 """
@@ -108,7 +109,7 @@ def main():
     for name, make, pld in [
         ("vLLM NgramProposer", Ngram, None),
         ("pld.vllm.Proposer", Proposer, None),
-        ("pld.vllm.Proposer, fixed length", Proposer, {"adaptive": False}),
+        ("pld.vllm.Proposer, adaptive length", Proposer, {"adaptive": True}),
     ]:
         p = make(config(a.k, max_len, 1, pld))
         print(f"{name}: {tokens_per_step(p, a.k, rows, max_len):.2f} tokens per step")

@@ -60,7 +60,7 @@ def main():
         "plain": {},
         "transformers prompt lookup": {"prompt_lookup_num_tokens": a.k},
         "pld drafter": {"custom_generate": pld.transformers.prompt_lookup, "pld_config": {"num_speculative_tokens": a.k}},
-        "pld drafter, fixed length": {"custom_generate": pld.transformers.prompt_lookup, "pld_config": {"num_speculative_tokens": a.k, "adaptive": False}},
+        "pld drafter, adaptive length": {"custom_generate": pld.transformers.prompt_lookup, "pld_config": {"num_speculative_tokens": a.k, "adaptive": True}},
     }
     totals = {w: [0, 0, 0.0] for w in ways}  # new tokens, passes, seconds
     for r in rows:

@@ -121,6 +121,11 @@ def test_the_vllm_proposer_drafts_each_row_from_its_own_tokens(adaptive):
         additional_config={"pld": {"prompt_lookup_min": 1, "prompt_lookup_max": 3, "adaptive": adaptive}},
     )
     proposer = Proposer(config)
+    assert proposer.config["num_speculative_tokens"] == k
+    default = Proposer(SimpleNamespace(**{**vars(config), "additional_config": None}))
+    assert default.config["adaptive"] is False, "full-length drafts by default inside vLLM"
+    with pytest.raises(ValueError, match="speculative_config"):
+        Proposer(SimpleNamespace(**{**vars(config), "additional_config": {"pld": {"bogus": 1}}}))
     batch = Batch(rows, max_len, np)
     waiting = [truth_sequence(rng, rng.randrange(300, 1500)) for _ in range(20)]
     drafts = []

@@ -10,7 +10,7 @@ the candidate generator instead of `PromptLookupCandidateGenerator` (which unfol
 sequence for every n-gram size each step, copies the earliest match and never adapts its length).
 Verification is transformers': greedy output is its greedy output token for token, and sampling
 is exact. Pass pld's settings as `pld_config={...}` (vLLM's names: `num_speculative_tokens`,
-`prompt_lookup_max`, `prompt_lookup_min`, `match_policy`, `adaptive`); a
+`prompt_lookup_max`, `prompt_lookup_min`, `match_policy`, `adaptive`, off by default here); a
 `prompt_lookup_num_tokens` in the generation config is taken as K. Batch size 1, as transformers'
 assisted decoding requires. Needs torch and transformers (not needed by the rest of pld).
 """
@@ -92,6 +92,8 @@ def prompt_lookup(
     if input_ids.shape[0] != 1:
         raise ValueError("pld.transformers.prompt_lookup: batch size 1 (as assisted decoding)")
     config = dict(pld_config or {})
+    # A drafted row costs transformers little next to a pass: full-length drafts unless asked.
+    config.setdefault("adaptive", False)
     k = getattr(generation_config, "prompt_lookup_num_tokens", None)
     if k and "num_speculative_tokens" not in config:
         config["num_speculative_tokens"] = int(k)

@@ -15,7 +15,8 @@ step with the rows of its persistent batch: the tokens each row accepted this st
 length, and the batch's token array. It names the class in `speculative_config["model"]` and sets
 `prompt_lookup_min/max` to 0 for a custom class, so pld's own settings go in
 `additional_config["pld"]` (vLLM's names: `prompt_lookup_min`, `prompt_lookup_max`,
-`match_policy`, `adaptive`); K is vLLM's `num_speculative_tokens`.
+`match_policy`, `adaptive`, which is off by default here: on a GPU a drafted row is nearly free);
+K is vLLM's `num_speculative_tokens`.
 
 vLLM's own n-gram proposer rescans each row's whole context every step. This one keeps a pld
 drafter per request, updated with the tokens each step accepted, so a proposal costs the same at
@@ -88,6 +89,9 @@ class Proposer:
             if value and name not in config:
                 config[name] = int(value)
         config["num_speculative_tokens"] = self.k
+        # On a GPU a drafted row costs next to nothing, so drafts go out at full length unless
+        # asked otherwise (pld's adaptive length is priced for its own CPU kernels).
+        config.setdefault("adaptive", False)
         Drafter([], config)  # a bad setting fails now, in the worker's start-up
         self.config = config
         self._rows: List[Optional[_Tracked]] = []
