@@ -214,6 +214,7 @@ fn generate_json_has_the_documented_fields() {
         v["usage"]["completion_tokens"],
         v["token_ids"].as_array().unwrap().len()
     );
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     for key in ["prefill_ms", "decode_ms", "decode_tokens_per_s"] {
         assert!(v["timing"][key].is_number(), "timing.{key}");
     }
@@ -341,10 +342,23 @@ fn bench_run_writes_reports_and_flags_mismatches() {
             "spec_tokens_per_s",
             "new_tokens",
             "propose_us_per_step",
+            "plain_ttft_s",
+            "spec_ttft_s",
+            "plain_e2e_s",
+            "spec_e2e_s",
+            "e2e_speedup",
         ] {
             assert!(c[key].is_number(), "{cat}.{key}");
         }
+        assert!(
+            c["plain_e2e_s"].as_f64() >= c["plain_ttft_s"].as_f64(),
+            "{cat}"
+        );
     }
+    // The two-turn row's second turn starts from the first turn's cache, in both modes.
+    assert_eq!(v["categories"]["copy"]["turns"], 3);
+    assert!(v["categories"]["copy"]["cached_tokens"].as_u64().unwrap() >= 16);
+    assert_eq!(v["categories"]["chat"]["turns"], 2);
     assert_eq!(v["overall"]["rows"], 4);
     assert_eq!(v["overall"]["mismatches"], 0);
     assert!(v["overall"]["speedup"].as_f64().unwrap() > 0.0);
