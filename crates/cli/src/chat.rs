@@ -159,7 +159,7 @@ impl Chat {
                     eprintln!("[stopped]");
                 }
                 if self.show_stats {
-                    eprintln!("{}", figures(&out));
+                    eprintln!("[{}]", crate::generate::summary_line(&out));
                 }
                 Ok(())
             }
@@ -199,21 +199,4 @@ impl Chat {
         println!();
         Ok(out)
     }
-}
-
-/// One answer's figures: what the prefix cache saved, prefill and decode rates, and speculation.
-fn figures(out: &GenerationOutput) -> String {
-    let s = &out.stats;
-    format!(
-        "[prompt {} tokens, {} cached; prefill {:.0} ms; {} new tokens at {:.1} tok/s; \
-         {:.2} tokens per pass, {} of {} drafted tokens accepted]",
-        out.prompt_token_ids.len(),
-        out.cached_tokens,
-        out.prefill_time.as_secs_f64() * 1e3,
-        out.token_ids.len(),
-        out.decode_tokens_per_s(),
-        s.mean_accepted_tokens(),
-        s.accepted_tokens,
-        s.draft_tokens,
-    )
 }

@@ -155,10 +155,12 @@ pub fn output_json(out: &GenerationOutput, spec: &SpecConfig) -> serde_json::Val
     })
 }
 
-fn summary_line(out: &GenerationOutput) -> String {
+/// One generation's figures in a line (`generate`'s summary, `chat`'s `/stats`).
+pub(crate) fn summary_line(out: &GenerationOutput) -> String {
     format!(
-        "prompt {} tokens, {} new tokens ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s; {:.2} tokens/step, {} of {} drafts accepted",
+        "prompt {} tokens, {} cached, {} new tokens ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s; {:.2} tokens/step, {} of {} drafts accepted",
         out.prompt_token_ids.len(),
+        out.cached_tokens,
         out.token_ids.len(),
         out.finish_reason,
         out.prefill_tokens_per_s(),

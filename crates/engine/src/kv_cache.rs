@@ -145,6 +145,28 @@ impl KvCache {
         }
     }
 
+    /// Where positions `start..start + n` lie: each key row's range in `keys` (per layer, one per
+    /// key dimension), then each layer and head's range in `values`, in the order `take_rows`
+    /// lays them out.
+    fn spans(
+        &self,
+        start: usize,
+        n: usize,
+    ) -> (
+        impl Iterator<Item = std::ops::Range<usize>>,
+        impl Iterator<Item = std::ops::Range<usize>>,
+    ) {
+        let (stride, hd, capacity) = (self.key_stride, self.hd, self.capacity);
+        let rows = self.n_layer * self.kv_dim;
+        let keys = (0..rows).map(move |r| r * stride + start..r * stride + start + n);
+        // Layer and head `lh` starts at `value_base`: `lh * hd * capacity`.
+        let values = (0..rows / hd).map(move |lh| {
+            let base = lh * hd * capacity + start * hd;
+            base..base + n * hd
+        });
+        (keys, values)
+    }
+
     /// Copies the keys and values of positions `start..start + n` (all valid) into `out`, which
     /// holds `n * shape().floats_per_position()` floats: per layer each key dimension's `n`
     /// positions, then per layer and head `n` values of `hd`. `put_rows` is its inverse.
@@ -154,15 +176,13 @@ impl KvCache {
         if n == 0 {
             return;
         }
-        let (keys, values) = out.split_at_mut(n * self.n_layer * self.kv_dim);
-        for (row, chunk) in keys.chunks_exact_mut(n).enumerate() {
-            let a = row * self.key_stride + start;
-            chunk.copy_from_slice(&self.keys[a..a + n]);
+        let (keys, values) = out.split_at_mut(out.len() / 2);
+        let (key_spans, value_spans) = self.spans(start, n);
+        for (chunk, r) in keys.chunks_exact_mut(n).zip(key_spans) {
+            chunk.copy_from_slice(&self.keys[r]);
         }
-        let hd = self.hd;
-        for (lh, chunk) in values.chunks_exact_mut(n * hd).enumerate() {
-            let a = self.value_base(lh / (self.kv_dim / hd), lh % (self.kv_dim / hd)) + start * hd;
-            chunk.copy_from_slice(&self.values[a..a + n * hd]);
+        for (chunk, r) in values.chunks_exact_mut(n * self.hd).zip(value_spans) {
+            chunk.copy_from_slice(&self.values[r]);
         }
     }
 
@@ -172,18 +192,16 @@ impl KvCache {
         assert_eq!(start, self.len, "rows must follow the cached ones");
         assert!(start + n <= self.capacity, "rows past the capacity");
         assert_eq!(rows.len(), n * self.shape().floats_per_position());
+        let (keys, values) = rows.split_at(rows.len() / 2);
         if n == 0 {
             return;
         }
-        let (keys, values) = rows.split_at(n * self.n_layer * self.kv_dim);
-        for (row, chunk) in keys.chunks_exact(n).enumerate() {
-            let a = row * self.key_stride + start;
-            self.keys[a..a + n].copy_from_slice(chunk);
+        let (key_spans, value_spans) = self.spans(start, n);
+        for (chunk, r) in keys.chunks_exact(n).zip(key_spans) {
+            self.keys[r].copy_from_slice(chunk);
         }
-        let hd = self.hd;
-        for (lh, chunk) in values.chunks_exact(n * hd).enumerate() {
-            let a = self.value_base(lh / (self.kv_dim / hd), lh % (self.kv_dim / hd)) + start * hd;
-            self.values[a..a + n * hd].copy_from_slice(chunk);
+        for (chunk, r) in values.chunks_exact(n * self.hd).zip(value_spans) {
+            self.values[r].copy_from_slice(chunk);
         }
         self.len = start + n;
     }

@@ -206,12 +206,12 @@ impl Model {
 
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        let c = &self.config;
+        let s = self.kv_shape();
         KvCache::new(
-            c.n_layer,
-            c.kv_dim(),
-            c.head_dim,
-            capacity.min(c.context_len),
+            s.n_layer,
+            s.kv_dim,
+            s.hd,
+            capacity.min(self.config.context_len),
         )
     }
 }

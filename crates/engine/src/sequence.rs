@@ -31,6 +31,8 @@ pub struct Sequence {
     pub(crate) prompt_len: usize,
     /// Prompt tokens whose keys and values came from a prefix cache rather than a pass.
     pub(crate) cached_tokens: usize,
+    /// Prompt positions already offered to a prefix cache (`keep_prompt`).
+    pub(crate) prompt_offered: usize,
     pub(crate) cache: KvCache,
     /// Present when the config drafts.
     pub(crate) drafter: Option<Drafter>,
@@ -106,6 +108,7 @@ impl Sequence {
         Ok(Sequence {
             prompt_len: prompt.len(),
             cached_tokens: 0,
+            prompt_offered: 0,
             tokens: prompt,
             cache: model.new_cache(capacity),
             drafter,
@@ -182,7 +185,16 @@ impl Sequence {
         fork.cache.copy_prefix(&self.cache, shared);
         fork.phase = Phase::Prefill(shared);
         fork.cached_tokens = self.cached_tokens;
+        // The prompt is the parent's, offered by it.
+        fork.prompt_offered = self.prompt_len;
         Ok(Some(fork))
+    }
+
+    /// `fork` for choice `choice` of an `n > 1` request: seeded with the request's seed plus
+    /// `choice`, so each choice samples on its own and reproducibly.
+    pub fn fork_choice(&self, model: &Model, choice: usize) -> Result<Option<Sequence>> {
+        let seed = self.config.seed.map(|s| s.wrapping_add(choice as u64));
+        self.fork(model, seed)
     }
 
     /// Starts the prompt from its longest prefix in `prefix` under `namespace` (its tenant):
@@ -198,22 +210,29 @@ impl Sequence {
         if found > 0 {
             self.phase = Phase::Prefill(found);
             self.cached_tokens = found;
+            self.prompt_offered = found;
         }
         found
     }
 
-    /// Offers `prefix` the keys and values this sequence has computed (its prompt once it is in,
-    /// its output too when it has finished) under `namespace`, for later requests to reuse.
+    /// Offers `prefix` the keys and values this sequence has computed (the prompt so far, and
+    /// the output once decoding) under `namespace`, for later requests to reuse.
     pub fn keep_prefix(&self, prefix: &mut PrefixCache, namespace: u64) {
+        prefix.insert(namespace, &self.tokens, &self.cache);
+    }
+
+    /// `keep_prefix` while the prompt is being fed: offers the prompt's blocks prefilled since the
+    /// last call (so that a request arriving mid-prefill with the same start reuses them), and
+    /// nothing more once the whole prompt has been offered. Call it after every pass.
+    pub fn keep_prompt(&mut self, prefix: &mut PrefixCache, namespace: u64) {
         let done = match self.phase {
             Phase::Prefill(done) => done,
-            _ => self.cache.len(),
+            _ => self.prompt_len,
         };
-        prefix.insert(
-            namespace,
-            &self.tokens[..done.min(self.tokens.len())],
-            &self.cache,
-        );
+        if done > self.prompt_offered {
+            self.keep_prefix(prefix, namespace);
+            self.prompt_offered = done;
+        }
     }
 
     /// Prompt tokens whose keys and values came from a prefix cache (`reuse_prefix`).

@@ -66,6 +66,17 @@ impl SpecStats {
         }
     }
 
+    /// Adds `other`'s counts to these (several choices of one request counted together).
+    pub fn add(&mut self, other: &SpecStats) {
+        self.steps += other.steps;
+        self.draft_tokens += other.draft_tokens;
+        self.accepted_tokens += other.accepted_tokens;
+        self.decode_tokens += other.decode_tokens;
+        self.drafted_by_source.add(&other.drafted_by_source);
+        self.accepted_by_source.add(&other.accepted_by_source);
+        self.propose_time += other.propose_time;
+    }
+
     /// Counts one verified decode step: the draft sent and the path of it that was accepted.
     pub(crate) fn count_step(&mut self, tree: &DraftTree, path: &[usize]) {
         self.steps += 1;

@@ -30,8 +30,6 @@ struct Live {
     forks: Range<usize>,
     seq: Sequence,
     first_token_s: Option<f64>,
-    /// The whole prompt has been offered to the prefix cache.
-    prompt_kept: bool,
 }
 
 /// Why a batch stopped before its end.
@@ -47,15 +45,13 @@ impl<E> From<engine::EngineError> for Stopped<E> {
     }
 }
 
-/// Checks every request as `Sequence::new` and the grammar compiler would, before any runs.
-pub fn check(lm: &LoadedModel, requests: &[Request], ctx: usize) -> engine::Result<()> {
-    for r in requests {
-        Sequence::new(&lm.model, r.prompt.clone(), r.config.clone(), ctx)?;
-        if !r.config.response_format.is_text() {
-            lm.tokenizer
-                .grammar(lm.model.config.vocab_size)?
-                .compile(&r.config.response_format)?;
-        }
+/// Checks a request as `Sequence::new` and the grammar compiler would, before anything runs.
+pub fn check(lm: &LoadedModel, r: &Request, ctx: usize) -> engine::Result<()> {
+    Sequence::new(&lm.model, r.prompt.clone(), r.config.clone(), ctx)?;
+    if !r.config.response_format.is_text() {
+        lm.tokenizer
+            .grammar(lm.model.config.vocab_size)?
+            .compile(&r.config.response_format)?;
     }
     Ok(())
 }
@@ -91,7 +87,6 @@ pub fn run<E>(
                 forks: 1..r.n,
                 seq,
                 first_token_s: None,
-                prompt_kept: false,
             });
         }
         {
@@ -104,14 +99,10 @@ pub fn run<E>(
             if l.first_token_s.is_none() && !l.seq.generated_tokens().is_empty() {
                 l.first_token_s = Some(now);
             }
-            if !l.prompt_kept {
-                l.seq.keep_prefix(prefix, LOCAL_NAMESPACE);
-                l.prompt_kept = !l.seq.in_prefill();
-            }
-            while !l.forks.is_empty() && !l.seq.in_prefill() {
+            l.seq.keep_prompt(prefix, LOCAL_NAMESPACE);
+            while !l.forks.is_empty() {
                 let choice = l.forks.start;
-                let seed = l.seq.config().seed.map(|s| s.wrapping_add(choice as u64));
-                let Some(seq) = l.seq.fork(&lm.model, seed)? else {
+                let Some(seq) = l.seq.fork_choice(&lm.model, choice)? else {
                     break;
                 };
                 l.forks.start += 1;
@@ -121,7 +112,6 @@ pub fn run<E>(
                     forks: 0..0,
                     seq,
                     first_token_s: None,
-                    prompt_kept: true,
                 });
             }
         }

@@ -185,8 +185,12 @@ impl Engine {
             });
         }
         let lm = &inner.lm;
-        py.detach(|| batch::check(lm, &requests, inner.ctx))
-            .map_err(py_err)?;
+        py.detach(|| {
+            requests
+                .iter()
+                .try_for_each(|r| batch::check(lm, r, inner.ctx))
+        })
+        .map_err(py_err)?;
         let mut last = usize::MAX;
         let ran = py.detach(|| {
             let mut prefix = inner.prefix();
@@ -227,15 +231,14 @@ impl Engine {
         if s.n != 1 {
             return Err(PyValueError::new_err("n: a stream has one choice"));
         }
-        let config = s.config(self.inner.spec).map_err(field_err)?;
-        let requests = [batch::Request {
-            prompt: prompt.clone(),
-            config: config.clone(),
+        let r = batch::Request {
+            prompt,
+            config: s.config(self.inner.spec).map_err(field_err)?,
             n: 1,
-        }];
-        batch::check(&self.inner.lm, &requests, self.inner.ctx).map_err(py_err)?;
-        let mut seq =
-            Sequence::new(&self.inner.lm.model, prompt, config, self.inner.ctx).map_err(py_err)?;
+        };
+        let (lm, ctx) = (&self.inner.lm, self.inner.ctx);
+        batch::check(lm, &r, ctx).map_err(py_err)?;
+        let mut seq = Sequence::new(&lm.model, r.prompt, r.config, ctx).map_err(py_err)?;
         seq.reuse_prefix(&mut self.inner.prefix(), engine::LOCAL_NAMESPACE);
         Ok(Stream {
             inner: self.inner.clone(),
@@ -292,12 +295,10 @@ fn request_json(tok: &engine::Tokenizer, choices: &[batch::Choice]) -> Value {
         .enumerate()
         .map(|(i, c)| choice_json(tok, i, &c.out))
         .collect();
-    let (mut steps, mut drafted, mut accepted, mut decoded) = (0, 0, 0, 0);
+    let mut stats = engine::SpecStats::default();
     let (mut prefill, mut decode) = (0.0, 0.0);
     for c in choices {
-        let s = &c.out.stats;
-        (steps, drafted) = (steps + s.steps, drafted + s.draft_tokens);
-        (accepted, decoded) = (accepted + s.accepted_tokens, decoded + s.decode_tokens);
+        stats.add(&c.out.stats);
         prefill += c.out.prefill_time.as_secs_f64();
         decode += c.out.decode_time.as_secs_f64();
     }
@@ -309,12 +310,12 @@ fn request_json(tok: &engine::Tokenizer, choices: &[batch::Choice]) -> Value {
             "first_token_s": choices.iter().filter_map(|c| c.first_token_s).reduce(f64::min),
             "prefill_s": prefill,
             "decode_s": decode,
-            "steps": steps,
-            "draft_tokens": drafted,
-            "accepted_tokens": accepted,
-            "decode_tokens": decoded,
-            "mean_accepted_tokens": if steps > 0 { decoded as f64 / steps as f64 } else { 0.0 },
-            "acceptance_rate": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+            "steps": stats.steps,
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "decode_tokens": stats.decode_tokens,
+            "mean_accepted_tokens": stats.mean_accepted_tokens(),
+            "acceptance_rate": stats.acceptance_rate(),
         },
     })
 }

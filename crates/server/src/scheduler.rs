@@ -93,7 +93,7 @@ impl Scheduler {
         );
         std::thread::Builder::new()
             .name("pld-engine".into())
-            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, (corpora, prefix), &metrics))
+            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, prefix, &metrics))
             .expect("spawn the engine thread");
         Scheduler { queue: tx }
     }
@@ -121,8 +121,6 @@ struct Running {
     events: UnboundedSender<Event>,
     arrived: Instant,
     first_token: Option<Instant>,
-    /// Its whole prompt's keys and values have been offered to the prefix cache.
-    prompt_kept: bool,
 }
 
 /// The draft cap per sequence for a batch of `n` that may fill `rows` rows per pass.
@@ -147,7 +145,8 @@ fn engine_loop(
     rx: Receiver<Job>,
     max_seqs: usize,
     ctx: usize,
-    (corpora, prefix): (Corpora, PrefixCache),
+    corpora: Corpora,
+    prefix: PrefixCache,
     metrics: &Metrics,
 ) {
     let mut engine = EngineLoop {
@@ -312,13 +311,9 @@ impl EngineLoop<'_> {
     fn fork_choices(&mut self) {
         let mut forked = Vec::new();
         for r in self.running.iter_mut().filter(|r| !r.forks.is_empty()) {
-            let seed = r.seq.config().seed;
             while !r.forks.is_empty() {
                 let index = r.forks.start;
-                let fork = r
-                    .seq
-                    .fork(&self.lm.model, seed.map(|s| s.wrapping_add(index as u64)));
-                let mut seq = match fork {
+                let mut seq = match r.seq.fork_choice(&self.lm.model, index) {
                     Ok(Some(f)) => f,
                     Ok(None) => break,
                     Err(e) => {
@@ -337,7 +332,6 @@ impl EngineLoop<'_> {
                     events: r.events.clone(),
                     arrived: r.arrived,
                     first_token: None,
-                    prompt_kept: true,
                 });
             }
         }
@@ -348,9 +342,8 @@ impl EngineLoop<'_> {
     /// each block once it is full), so a request arriving during a long prefill with the same
     /// start reuses what is already computed.
     fn keep_prompts(&mut self) {
-        for r in self.running.iter_mut().filter(|r| !r.prompt_kept) {
-            r.seq.keep_prefix(&mut self.prefix, r.tenant.0 as u64);
-            r.prompt_kept = !r.seq.in_prefill();
+        for r in self.running.iter_mut() {
+            r.seq.keep_prompt(&mut self.prefix, r.tenant.0 as u64);
         }
     }
 
@@ -418,7 +411,6 @@ impl EngineLoop<'_> {
                     events: job.events,
                     arrived: job.arrived,
                     first_token: None,
-                    prompt_kept: false,
                 });
             }
             Err(e) => {

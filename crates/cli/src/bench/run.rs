@@ -192,18 +192,18 @@ fn run_row(
         ..Default::default()
     };
     let budget = args.prefix_cache.budget();
-    let mut caches = [(); 2].map(|_| PrefixCache::new(lm.model.kv_shape(), budget));
-    let [plain_cache, spec_cache] = &mut caches;
+    let cache = || PrefixCache::new(lm.model.kv_shape(), budget);
+    let (mut plain_cache, mut spec_cache) = (cache(), cache());
     let mut messages = Vec::new();
     for turn in &row.turns {
         messages.push(Message::new("user", turn));
         let plain_config = greedy(args.max_tokens, SpecConfig::off(), format);
-        let p = run_one(lm, &messages, plain_config, plain_cache)?;
+        let p = run_one(lm, &messages, plain_config, &mut plain_cache)?;
         let f = run_one(
             lm,
             &messages,
             greedy(args.max_tokens, *spec, format),
-            spec_cache,
+            &mut spec_cache,
         )?;
         let (plain, fast) = (&p.out, &f.out);
         r.identical &= plain.token_ids == fast.token_ids;

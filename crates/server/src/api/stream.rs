@@ -98,12 +98,14 @@ impl Said {
         vec![data(c)]
     }
 
-    /// Choice `index` is done; `prompt` is the request's prompt tokens and how many of them were cached.
+    /// Choice `index` is done; `cached_tokens` of the request's `prompt_tokens` came from the
+    /// prefix cache.
     fn finished(
         &mut self,
         index: usize,
         reason: FinishReason,
-        prompt: (usize, usize),
+        prompt_tokens: usize,
+        cached_tokens: usize,
         completion_tokens: usize,
     ) -> Vec<Chunk> {
         let mut out = Vec::new();
@@ -140,7 +142,7 @@ impl Said {
         self.completion += completion_tokens;
         if self.finished == self.n {
             if self.include_usage {
-                let u = usage(prompt.0, prompt.1, self.completion);
+                let u = usage(prompt_tokens, cached_tokens, self.completion);
                 out.push(data(self.meta.chunk_of(json!([]), Some(("usage", u)))));
             }
             out.push(done());
@@ -193,7 +195,13 @@ pub(super) fn stream(
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
-            } => st.finished(index, reason, (prompt_tokens, cached_tokens), completion_tokens),
+            } => st.finished(
+                index,
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+            ),
             Event::Failed(m) => {
                 let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
                 st.done = true;

@@ -13,14 +13,14 @@ use engine::{GenerationConfig, Message, PromptEnd, ResponseFormat, SamplingParam
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-use engine::sampling::{MAX_CHOICES as MAX_N, MAX_TOP_LOGPROBS};
+use engine::sampling::{MAX_CHOICES, MAX_TOP_LOGPROBS};
 
 /// A request that passed every check: what the engine runs and how the answer is shaped.
 pub(super) struct ValidRequest {
     pub kind: Kind,
     pub prompt: Vec<u32>,
     pub config: GenerationConfig,
-    /// Choices to generate (1..=`MAX_N`).
+    /// Choices to generate (1..=`MAX_CHOICES`).
     pub n: usize,
     /// Answer as Server-Sent Events.
     pub stream: bool,
@@ -260,9 +260,9 @@ fn config(
         .code("model_not_found"));
     }
     if let Some(n) = req.n {
-        if !(1..=MAX_N).contains(&n) {
+        if !(1..=MAX_CHOICES).contains(&n) {
             return Err(ApiError::bad_request(
-                format!("n must be between 1 and {MAX_N}, got {n}"),
+                format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
                 Some("n"),
             ));
         }
