@@ -1,7 +1,10 @@
-//! Times causal attention of 1 to 16 rows over a cache of LEN positions for one key/value head of
-//! qwen-coder-1.5b's shape (head size 128, six query heads per key/value head), every
-//! implementation the CPU has, one thread (developer tool):
-//! `cargo run --release --example abench -- [ROWS [LEN]]`.
+//! Times causal attention of ROWS rows over a cache of LEN positions for one key/value head
+//! (head size HD, GROUP query heads per key/value head: qwen-coder-1.5b's 128 and 6 by default),
+//! every implementation the CPU has, one thread (developer tool):
+//! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP]]]]]`.
+//! COPIES heads, each with its own keys and values, are attended in turn, so that with enough of
+//! them (more than the last-level cache holds) the keys and values come from memory, as they do
+//! in a forward pass at long context.
 use engine::kernels::*;
 use std::time::Instant;
 fn main() {
@@ -11,54 +14,49 @@ fn main() {
             .map(|s| s.parse().unwrap())
             .unwrap_or(d)
     };
-    let (rows, len) = (arg(1, 8), arg(2, 512));
-    let (hd, group) = (128usize, 6usize);
-    let q_stride = 12 * hd;
+    let (rows, len, copies) = (arg(1, 8), arg(2, 512), arg(3, 1));
+    let (hd, group) = (arg(4, 128), arg(5, 6));
+    let q_stride = 2 * group * hd;
     let key_stride = 16 * (len.div_ceil(16) | 1);
     let fill = |n: usize, k: usize| -> Vec<f32> {
         (0..n)
             .map(|i| ((i * k) % 1000) as f32 / 1000.0 - 0.5)
             .collect()
     };
-    let keys = fill(hd * key_stride, 7919);
-    let values = fill(len * hd, 7907);
+    let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..copies)
+        .map(|c| (fill(hd * key_stride, 7919 + c), fill(len * hd, 7907 + c)))
+        .collect();
     let q = fill(rows * q_stride, 31);
     let mut out = vec![0f32; rows * group * hd];
     let mut scores = Vec::new();
+    let mb = (copies * 2 * len * hd * 4) as f64 / 1e6;
     for isa in Isa::available() {
         let mut best = f64::INFINITY;
-        let runs = if isa == Isa::Scalar { 5 } else { 200 };
+        let runs = if isa == Isa::Scalar { 3 } else { (200 / copies).max(5) };
         for _ in 0..runs {
             let t = Instant::now();
-            let kv = KvHead {
-                keys: &keys,
-                values: &values,
-                key_stride,
-                value_stride: hd,
-                hd,
-                len,
-            };
-            let scale = 1.0 / (hd as f32).sqrt();
-            attend_rows(
-                isa,
-                &q,
-                q_stride,
-                rows,
-                kv,
-                scale,
-                None,
-                &mut scores,
-                &mut out,
-            );
-            best = best.min(t.elapsed().as_secs_f64());
+            for (keys, values) in &heads {
+                let kv = KvHead {
+                    keys,
+                    values,
+                    key_stride,
+                    value_stride: hd,
+                    hd,
+                    len,
+                };
+                let scale = 1.0 / (hd as f32).sqrt();
+                attend_rows(isa, &q, q_stride, rows, kv, scale, None, &mut scores, &mut out);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / copies as f64);
         }
         let macs = (rows * group * len * hd * 2) as f64;
+        let bytes = (2 * len * hd * 4) as f64;
         println!(
-            "{isa:?} rows {rows} len {len}: {:.1} us per kv head ({:.1} G multiply-adds/s); \
-             x 2 heads x 28 layers = {:.2} ms",
+            "{isa:?} rows {rows} len {len} ({mb:.0} MB over {copies} heads): {:.1} us per kv head \
+             ({:.1} G multiply-adds/s, {:.1} GB/s)",
             best * 1e6,
             macs / best / 1e9,
-            best * 56.0 * 1e3
+            bytes / best / 1e9,
         );
     }
 }

@@ -1,5 +1,6 @@
 //! Attention of the query heads that share one key/value head of the cache (keys stored
-//! transposed): the plain loops, AVX2 for one row, AVX-512 for several rows at once.
+//! transposed): the plain loops, and one tiled kernel for one or several rows at once on 256-bit
+//! (AVX2) or 512-bit (AVX-512) registers.
 
 use super::elementwise::{axpy_scalar, softmax};
 use super::isa::{assert_available, isa, Isa};
@@ -116,8 +117,8 @@ pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out:
     attend_with(isa(), q, kv, scale, scores, out)
 }
 
-/// `attend` with a chosen implementation (AVX-512 for head sizes that are a multiple of 16, AVX2
-/// for multiples of 8, the plain loops otherwise).
+/// `attend` with a chosen implementation (512-bit registers for head sizes that are a multiple of
+/// 16 on AVX-512, 256-bit ones for multiples of 8, the plain loops otherwise).
 pub fn attend_with(
     isa: Isa,
     q: &[f32],
@@ -147,21 +148,22 @@ fn attend_visible(
     scores.clear();
     scores.resize(group * len, 0.0);
     #[cfg(target_arch = "x86_64")]
-    {
-        if isa.avx512() && hd % 16 == 0 {
-            // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a
-            // multiple of 16; every key and value read lies inside the checked span; one row.
-            let bits = [visible.map_or(0, |v| v.bits)];
-            let mask = visible.map(|v| TreeMask {
-                start: v.start,
-                rows: &bits,
-            });
-            return unsafe { x86::attend_rows_avx512(q, q.len(), 1, kv, scale, mask, scores, out) };
-        }
-        if isa != Isa::Scalar && hd % 8 == 0 {
-            // SAFETY: AVX2 and FMA are present, hd is a multiple of 8; as above.
-            return unsafe { x86::attend_avx2(q, kv, scale, visible, scores, out) };
-        }
+    if isa != Isa::Scalar && hd % 8 == 0 {
+        let bits = [visible.map_or(0, |v| v.bits)];
+        let mask = visible.map(|v| TreeMask {
+            start: v.start,
+            rows: &bits,
+        });
+        // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2 and FMA for
+        // the 512-bit version, AVX2 and FMA for any other vector class; hd is a multiple of
+        // their lanes; every key and value read lies inside the checked span; one row.
+        return unsafe {
+            if isa.avx512() && hd % 16 == 0 {
+                x86::attend_rows_avx512(q, q.len(), 1, kv, scale, mask, scores, out)
+            } else {
+                x86::attend_rows_avx2(q, q.len(), 1, kv, scale, mask, scores, out)
+            }
+        };
     }
     let _ = isa;
     attend_scalar_visible(q, kv, scale, visible, scores, out)
@@ -171,7 +173,7 @@ fn attend_visible(
 /// the key/value head `kv`: row `r`'s query heads are `q[r * q_stride..][..group * hd]`, it sees the
 /// first `kv.len - (rows - 1 - r)` positions (of those, with a `tree` mask, only the ones its mask
 /// lets it see), and its outputs go to `out[r * group * hd..]`. Each row's result is bit-identical
-/// to `attend` on that row alone over the positions it sees; the AVX-512 version reads each key
+/// to `attend` on that row alone over the positions it sees; the vector versions read each key
 /// and value once for all the rows.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
@@ -195,14 +197,21 @@ pub fn attend_rows(
         "one mask per row"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && hd % 16 == 0 {
+    if isa != Isa::Scalar && hd % 8 == 0 {
         kv.check();
         scores.clear();
         scores.resize(rows * (gw / hd) * len, 0.0);
-        // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (the `isa` asserted above); hd is a multiple
-        // of 16; keys and values lie inside the checked span, queries inside `q`, scores and
+        // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2 and FMA for
+        // the 512-bit version, AVX2 and FMA for any other vector class; hd is a multiple of their
+        // lanes; keys and values lie inside the checked span, queries inside `q`, scores and
         // outputs are sized above.
-        return unsafe { x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out) };
+        return unsafe {
+            if isa.avx512() && hd % 16 == 0 {
+                x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out)
+            } else {
+                x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scores, out)
+            }
+        };
     }
     for (r, o) in out.chunks_mut(gw).enumerate() {
         let row_kv = KvHead {

@@ -417,6 +417,8 @@ fn attention_over_rows_equals_each_row_alone() {
         (128, 6, 530, 5, 256),
         (32, 1, 9, 9, 32),
         (40, 2, 12, 3, 80),
+        (24, 7, 45, 4, 24),
+        (64, 7, 300, 8, 128),
     ] {
         let q_stride = group * hd + 16;
         let q = random_vec((rows - 1) * q_stride + group * hd, 31 + hd as u64);

@@ -13,14 +13,15 @@ mod peak;
 mod products;
 mod width;
 
-pub(crate) use attention::{attend_avx2, attend_rows_avx512};
+pub(crate) use attention::{attend_rows_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{
     packed_rows_avx2, packed_rows_avx512, packed_rows_avx_vnni, packed_rows_avx_vnni_evex,
     packed_rows_vnni,
 };
 pub(crate) use peak::{
-    peak_avx2, peak_avx512, peak_avx512_vnni, peak_avx_vnni, peak_avx_vnni_evex,
+    fma_peak_avx2, fma_peak_avx512, peak_avx2, peak_avx512, peak_avx512_vnni, peak_avx_vnni,
+    peak_avx_vnni_evex,
 };
 pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
 
