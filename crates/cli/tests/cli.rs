@@ -462,6 +462,11 @@ fn bench_forward_json_has_the_documented_fields() {
         assert!(r["macs_per_token"].as_u64().unwrap() > 50_000_000, "{r}");
         if r["isa"] != "Scalar" {
             assert!(r["int8_peak_gmacs"].as_f64().unwrap() > 1.0, "{r}");
+            assert!(r["f32_peak_gmacs"].as_f64().unwrap() > 1.0, "{r}");
+            assert!(
+                r["prefill_compute_limit_tokens_per_s"].as_f64().unwrap() > 0.0,
+                "{r}"
+            );
             assert!(
                 r["prefill_fraction_of_compute_limit"].as_f64().unwrap() > 0.0,
                 "{r}"
@@ -478,5 +483,9 @@ fn bench_forward_json_has_the_documented_fields() {
         }
         assert_eq!(r["prefill_tokens"], 48);
         assert!(r["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
+        // smollm2-135m: 30 layers, 3 KV heads of 64; f32 keys and values of 32 positions, and
+        // 9 query heads of 64 scoring and summing 33.
+        assert_eq!(r["cache_bytes_per_token"], 30 * 2 * 4 * 192 * 32);
+        assert_eq!(r["attention_macs_per_token"], 30 * 2 * 576 * 33);
     }
 }

@@ -183,6 +183,33 @@ impl Model {
         self.token_matrices().map(|m| m.rows * m.cols).sum()
     }
 
+    /// Positions of a cache of `len` that layer `layer`'s attention reads: all of them, or the
+    /// window's worth in a windowed layer.
+    fn attended(&self, layer: usize, len: usize) -> usize {
+        match self.config.sliding_window {
+            Some(w) if self.config.is_windowed(layer) => len.min(w),
+            _ => len,
+        }
+    }
+
+    /// Bytes of keys and values a pass reads from a cache of `len` positions (f32; the attention
+    /// kernels read each once for all the rows of a pass).
+    pub fn cache_bytes_read(&self, len: usize) -> usize {
+        let c = &self.config;
+        (0..c.n_layer)
+            .map(|l| 2 * 4 * c.kv_dim() * self.attended(l, len))
+            .sum()
+    }
+
+    /// f32 multiply-adds of one row's attention over `len` positions: a score and a weighted
+    /// value per query head, dimension and position seen.
+    pub fn attention_macs(&self, len: usize) -> usize {
+        let c = &self.config;
+        (0..c.n_layer)
+            .map(|l| 2 * c.q_dim() * self.attended(l, len))
+            .sum()
+    }
+
     /// Every matrix a token's pass multiplies by: each layer's projections and the output head.
     fn token_matrices(&self) -> impl Iterator<Item = &QMatrix> {
         self.layers

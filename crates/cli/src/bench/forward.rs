@@ -1,6 +1,7 @@
 //! `pld bench forward`: the cost of one forward pass over 1..64 new tokens at a realistic cache
-//! length, the decode and prefill rates, and each beside its physical limit (memory bandwidth and
-//! the int8 peak, both measured in the same run).
+//! length, the decode and prefill rates, and each beside its physical limit (memory bandwidth over
+//! the weights and the cache; the int8 peak for the products and the f32 peak for attention; all
+//! three measured in the same run).
 
 use super::results::{ForwardReport, ForwardRun, PassTiming};
 use clap::Args;
@@ -94,17 +95,25 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             );
         }
         println!(
-            "  decode: {:.1} tokens/s = {:.0}% of the bandwidth bound ({:.1} tokens/s at {:.1} GB/s)",
+            "  decode: {:.1} tokens/s = {:.0}% of the bandwidth bound ({:.1} tokens/s: {:.0} MB of \
+             weights and {:.0} MB of cache at {:.1} GB/s)",
             r.decode_tokens_per_s,
             100.0 * r.decode_fraction_of_bound,
             r.bandwidth_bound_tokens_per_s,
+            r.weight_bytes_per_token as f64 / 1e6,
+            r.cache_bytes_per_token as f64 / 1e6,
             r.bandwidth_gb_s
         );
-        let compute = match (r.int8_peak_gmacs, r.prefill_fraction_of_compute_limit) {
-            (Some(p), Some(f)) => format!(
-                " = {:.0}% of the compute limit ({:.1} tokens/s at {p:.0} G int8 multiply-adds/s)",
+        let compute = match (
+            r.prefill_compute_limit_tokens_per_s,
+            r.prefill_fraction_of_compute_limit,
+        ) {
+            (Some(l), Some(f)) => format!(
+                " = {:.0}% of the compute limit ({l:.1} tokens/s at {:.0} G int8 and {:.0} G f32 \
+                 multiply-adds/s)",
                 100.0 * f,
-                p * 1e9 / r.macs_per_token as f64
+                r.int8_peak_gmacs.unwrap_or(0.0),
+                r.f32_peak_gmacs.unwrap_or(0.0),
             ),
             _ => String::new(),
         };
@@ -186,16 +195,30 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     }
     let decode_tps = decode_steps as f64 / t.elapsed().as_secs_f64();
     // The bound: a streaming read over twice the model's weights (at least 1 GiB, past any cache).
+    // A pass reads every weight once and the cache once (for all its rows); its compute is the
+    // products' int8 multiply-adds and attention's f32 ones, each at its own peak.
     let weight_bytes = model.weight_bytes_per_token();
+    let cache_bytes = model.cache_bytes_read(a.context);
     let gb_s = engine::kernels::read_bandwidth((2 * weight_bytes).max(1 << 30));
-    let bound = gb_s * 1e9 / weight_bytes as f64;
+    let bound = gb_s * 1e9 / (weight_bytes + cache_bytes) as f64;
     let macs = model.macs_per_token();
     let peak = engine::kernels::int8_peak_gmacs();
-    let limit_ms = |tokens: usize| {
-        let memory = weight_bytes as f64 / (gb_s * 1e9);
-        let compute = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
-        memory.max(compute) * 1e3
+    let f32_peak = engine::kernels::f32_peak_gmacs();
+    // Seconds of compute for `tokens` rows after `before` positions of cache.
+    let compute_s = |before: usize, tokens: usize| -> f64 {
+        let products = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
+        let attention: usize = (1..=tokens)
+            .map(|r| model.attention_macs(before + r))
+            .sum();
+        products + f32_peak.map_or(0.0, |p| attention as f64 / (p * 1e9))
     };
+    let limit_ms = |tokens: usize| {
+        let bytes = weight_bytes + model.cache_bytes_read(a.context + tokens);
+        let memory = bytes as f64 / (gb_s * 1e9);
+        memory.max(compute_s(a.context, tokens)) * 1e3
+    };
+    // Prefill goes in chunks, each reading the weights once: its limit is its compute.
+    let prefill_limit_tps = peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens));
     let one = passes[0].1;
     Ok(ForwardRun {
         model: lm.name.clone(),
@@ -217,11 +240,15 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         prefill_tokens: a.prefill_tokens,
         prefill_tokens_per_s: prefill_tps,
         weight_bytes_per_token: weight_bytes,
+        cache_bytes_per_token: cache_bytes,
+        attention_macs_per_token: model.attention_macs(a.context + 1),
         bandwidth_gb_s: gb_s,
         bandwidth_bound_tokens_per_s: bound,
         decode_fraction_of_bound: decode_tps / bound,
         macs_per_token: macs,
         int8_peak_gmacs: peak,
-        prefill_fraction_of_compute_limit: peak.map(|p| prefill_tps / (p * 1e9 / macs as f64)),
+        f32_peak_gmacs: f32_peak,
+        prefill_fraction_of_compute_limit: prefill_limit_tps.map(|l| prefill_tps / l),
+        prefill_compute_limit_tokens_per_s: prefill_limit_tps,
     })
 }

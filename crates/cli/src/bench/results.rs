@@ -182,8 +182,9 @@ pub struct PassTiming {
     pub tokens: usize,
     pub ms: f64,
     pub ratio_to_one: f64,
-    /// The physical limit of this pass: max(weight bytes / bandwidth, tokens x multiply-adds per
-    /// token / int8 peak), in ms (the bandwidth term alone where there is no int8 peak).
+    /// The physical limit of this pass, in ms: max((weight bytes + cache bytes read) / bandwidth,
+    /// tokens x multiply-adds per token / int8 peak + attention's multiply-adds / f32 peak) (the
+    /// bandwidth term alone where there are no peaks: the plain kernels).
     #[serde(default)]
     pub limit_ms: f64,
     /// `limit_ms / ms`: 1.0 is at the limit.
@@ -204,7 +205,14 @@ pub struct ForwardRun {
     pub prefill_tokens: usize,
     pub prefill_tokens_per_s: f64,
     pub weight_bytes_per_token: usize,
+    /// Bytes of keys and values a pass reads at `context` positions (part of the decode bound).
+    #[serde(default)]
+    pub cache_bytes_per_token: usize,
+    /// f32 multiply-adds of one row's attention at `context + 1` positions.
+    #[serde(default)]
+    pub attention_macs_per_token: usize,
     pub bandwidth_gb_s: f64,
+    /// Bandwidth over the bytes a decode step reads: the weights and the cache at `context`.
     pub bandwidth_bound_tokens_per_s: f64,
     pub decode_fraction_of_bound: f64,
     /// Multiply-adds of the matrix products per token.
@@ -213,8 +221,16 @@ pub struct ForwardRun {
     /// The int8 multiply-add peak of the kernels in use over these threads, G/s (absent for the
     /// plain kernels).
     pub int8_peak_gmacs: Option<f64>,
-    /// Prefill rate over the compute limit (int8 peak / multiply-adds per token).
+    /// The f32 multiply-add peak of the attention kernels over these threads, G/s (absent for the
+    /// plain kernels).
+    #[serde(default)]
+    pub f32_peak_gmacs: Option<f64>,
+    /// Prefill rate over its compute limit.
     pub prefill_fraction_of_compute_limit: Option<f64>,
+    /// The compute limit of the prefill: its products at the int8 peak and its attention at the
+    /// f32 peak.
+    #[serde(default)]
+    pub prefill_compute_limit_tokens_per_s: Option<f64>,
 }
 
 /// `bench forward --json`: the run with the most threads at the top level, every run in `runs`.

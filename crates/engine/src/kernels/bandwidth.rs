@@ -44,42 +44,69 @@ pub fn int8_peak_gmacs() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::{x86, Isa};
-        let run = |iters: usize| -> u64 {
-            // SAFETY: the CPU can run `isa` (asserted above), whose features each loop needs.
-            unsafe {
-                match isa {
-                    Isa::Avx512Vnni => x86::peak_avx512_vnni(iters),
-                    Isa::Avx512 => x86::peak_avx512(iters),
-                    Isa::Avx2Vnni if Isa::avx_vnni_encoding() => x86::peak_avx_vnni(iters),
-                    Isa::Avx2Vnni => x86::peak_avx_vnni_evex(iters),
-                    Isa::Avx2 => x86::peak_avx2(iters),
-                    Isa::Scalar => unreachable!("the plain implementation has no int8 loop"),
-                }
+        // SAFETY: the CPU can run `isa` (asserted above), whose features each loop needs.
+        Some(per_thread_peak(&|iters| unsafe {
+            match isa {
+                Isa::Avx512Vnni => x86::peak_avx512_vnni(iters),
+                Isa::Avx512 => x86::peak_avx512(iters),
+                Isa::Avx2Vnni if Isa::avx_vnni_encoding() => x86::peak_avx_vnni(iters),
+                Isa::Avx2Vnni => x86::peak_avx_vnni_evex(iters),
+                Isa::Avx2 => x86::peak_avx2(iters),
+                Isa::Scalar => unreachable!("the plain implementation has no int8 loop"),
             }
-        };
-        // Each thread times its own loop, so that one that starts late does not count against
-        // the others; the rates add up.
-        let pool = pool::global();
-        let threads = pool.threads();
-        let iters = 2_000_000;
-        let rates: Vec<std::sync::Mutex<f64>> =
-            (0..threads).map(|_| std::sync::Mutex::new(0.0)).collect();
-        for _ in 0..5 {
-            pool.run(threads, &|i| {
-                let start = std::time::Instant::now();
-                let macs = run(iters);
-                let rate = macs as f64 / start.elapsed().as_secs_f64() / 1e9;
-                let mut best = rates[i].lock().unwrap_or_else(|e| e.into_inner());
-                *best = best.max(rate);
-            });
-        }
-        Some(
-            rates
-                .iter()
-                .map(|r| *r.lock().unwrap_or_else(|e| e.into_inner()))
-                .sum(),
-        )
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// The f32 multiply-add peak of the attention kernels in use, in G multiply-adds per second over
+/// the pool's threads: a register-resident loop of fused multiply-adds on the registers they use
+/// (512-bit on AVX-512, 256-bit otherwise), measured as `int8_peak_gmacs` is. `None` for the
+/// plain implementation. Attention's scores and weighted values are f32 multiply-adds: this is
+/// their compute limit, as the int8 peak is the products'.
+pub fn f32_peak_gmacs() -> Option<f64> {
+    let isa = super::isa();
+    if isa == super::Isa::Scalar {
+        return None;
+    }
+    super::isa::assert_available(isa);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU can run `isa` (asserted above): AVX-512 F, AVX2 and FMA for the
+        // 512-bit loop, AVX2 and FMA for any other vector class.
+        Some(per_thread_peak(&|iters| unsafe {
+            if isa.avx512() {
+                super::x86::fma_peak_avx512(iters)
+            } else {
+                super::x86::fma_peak_avx2(iters)
+            }
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// The sum over the pool's threads of each one's best rate (G per second) of `run(iters)`, which
+/// returns the operations it did. Each thread times its own loop, so that one that starts late
+/// does not count against the others; the rates add up.
+fn per_thread_peak(run: &(dyn Fn(usize) -> u64 + Sync)) -> f64 {
+    let pool = pool::global();
+    let threads = pool.threads();
+    let iters = 2_000_000;
+    let rates: Vec<std::sync::Mutex<f64>> =
+        (0..threads).map(|_| std::sync::Mutex::new(0.0)).collect();
+    for _ in 0..5 {
+        pool.run(threads, &|i| {
+            let start = std::time::Instant::now();
+            let ops = run(iters);
+            let rate = ops as f64 / start.elapsed().as_secs_f64() / 1e9;
+            let mut best = rates[i].lock().unwrap_or_else(|e| e.into_inner());
+            *best = best.max(rate);
+        });
+    }
+    rates
+        .iter()
+        .map(|r| *r.lock().unwrap_or_else(|e| e.into_inner()))
+        .sum()
 }

@@ -47,7 +47,7 @@ pub mod quant;
 mod x86;
 
 pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead, TreeMask};
-pub use bandwidth::{int8_peak_gmacs, read_bandwidth};
+pub use bandwidth::{f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,
 };

@@ -110,3 +110,64 @@ peak_fn!(
     64,
     dp_step
 );
+
+/// The f32 peak of one core for the attention kernels: ten independent chains of
+/// `vfmadd231ps` over 256-bit (`ymm_reg`, 8 lanes) or 512-bit (`zmm_reg`, 16 lanes) registers, in
+/// assembly for the same reason as the int8 loops. Returns the multiply-adds it did.
+macro_rules! fma_peak_fn {
+    ($name:ident, $features:literal, $class:ident, $lanes:expr) => {
+        /// # Safety
+        /// The CPU must have the features named in `#[target_feature]`.
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(iters: usize) -> u64 {
+            let n = iters.max(1);
+            // SAFETY: only registers are read and written (the caller promises the features).
+            // The chains start at zero and multiply zeros: no denormals, no overflow.
+            unsafe {
+                asm!(
+                    "vxorps {a0:x}, {a0:x}, {a0:x}",
+                    "vxorps {a1:x}, {a1:x}, {a1:x}",
+                    "vxorps {a2:x}, {a2:x}, {a2:x}",
+                    "vxorps {a3:x}, {a3:x}, {a3:x}",
+                    "vxorps {a4:x}, {a4:x}, {a4:x}",
+                    "vxorps {a5:x}, {a5:x}, {a5:x}",
+                    "vxorps {a6:x}, {a6:x}, {a6:x}",
+                    "vxorps {a7:x}, {a7:x}, {a7:x}",
+                    "vxorps {a8:x}, {a8:x}, {a8:x}",
+                    "vxorps {a9:x}, {a9:x}, {a9:x}",
+                    "vxorps {w:x}, {w:x}, {w:x}",
+                    "2:",
+                    "vfmadd231ps {a0}, {w}, {w}",
+                    "vfmadd231ps {a1}, {w}, {w}",
+                    "vfmadd231ps {a2}, {w}, {w}",
+                    "vfmadd231ps {a3}, {w}, {w}",
+                    "vfmadd231ps {a4}, {w}, {w}",
+                    "vfmadd231ps {a5}, {w}, {w}",
+                    "vfmadd231ps {a6}, {w}, {w}",
+                    "vfmadd231ps {a7}, {w}, {w}",
+                    "vfmadd231ps {a8}, {w}, {w}",
+                    "vfmadd231ps {a9}, {w}, {w}",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) n => _,
+                    w = out($class) _,
+                    a0 = out($class) _,
+                    a1 = out($class) _,
+                    a2 = out($class) _,
+                    a3 = out($class) _,
+                    a4 = out($class) _,
+                    a5 = out($class) _,
+                    a6 = out($class) _,
+                    a7 = out($class) _,
+                    a8 = out($class) _,
+                    a9 = out($class) _,
+                    options(nomem, nostack),
+                );
+            }
+            (n * 10 * $lanes) as u64
+        }
+    };
+}
+
+fma_peak_fn!(fma_peak_avx2, "avx2,fma", ymm_reg, 8);
+fma_peak_fn!(fma_peak_avx512, "avx2,fma,avx512f", zmm_reg, 16);
