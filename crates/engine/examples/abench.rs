@@ -32,7 +32,11 @@ fn main() {
     let mb = (copies * 2 * len * hd * 4) as f64 / 1e6;
     for isa in Isa::available() {
         let mut best = f64::INFINITY;
-        let runs = if isa == Isa::Scalar { 3 } else { (200 / copies).max(5) };
+        let runs = if isa == Isa::Scalar {
+            3
+        } else {
+            (200 / copies).max(5)
+        };
         for _ in 0..runs {
             let t = Instant::now();
             for (keys, values) in &heads {
@@ -45,7 +49,17 @@ fn main() {
                     len,
                 };
                 let scale = 1.0 / (hd as f32).sqrt();
-                attend_rows(isa, &q, q_stride, rows, kv, scale, None, &mut scores, &mut out);
+                attend_rows(
+                    isa,
+                    &q,
+                    q_stride,
+                    rows,
+                    kv,
+                    scale,
+                    None,
+                    &mut scores,
+                    &mut out,
+                );
             }
             best = best.min(t.elapsed().as_secs_f64() / copies as f64);
         }

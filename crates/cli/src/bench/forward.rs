@@ -207,9 +207,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     // Seconds of compute for `tokens` rows after `before` positions of cache.
     let compute_s = |before: usize, tokens: usize| -> f64 {
         let products = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
-        let attention: usize = (1..=tokens)
-            .map(|r| model.attention_macs(before + r))
-            .sum();
+        let attention: usize = (1..=tokens).map(|r| model.attention_macs(before + r)).sum();
         products + f32_peak.map_or(0.0, |p| attention as f64 / (p * 1e9))
     };
     let limit_ms = |tokens: usize| {

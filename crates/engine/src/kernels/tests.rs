@@ -606,3 +606,77 @@ fn an_isa_the_cpu_lacks_is_refused() {
 }
 
 mod packed_kernels;
+
+/// The vector attention kernels are the fused chains they claim to be: every score is a fused
+/// multiply-add chain over the dimensions in order, then scaled; every output a fused chain over
+/// the positions in order. A plain loop of `mul_add`s in those orders (with the kernels' own
+/// softmax) gives the same bits on every vector class, for one row or several (row `r` of `rows`
+/// sees all but the last `rows - 1 - r` positions), whatever the tiles, tails and blocks.
+#[test]
+fn attention_kernels_are_the_fused_chains_they_claim() {
+    let shapes = [
+        (64usize, 7usize, 300usize, 1usize),
+        (64, 7, 300, 9),
+        (128, 6, 77, 5),
+        (24, 3, 45, 4),
+        (64, 2, 1, 1),
+        (64, 2, 70, 70),
+    ];
+    for &(hd, group, len, rows) in &shapes {
+        let key_stride = len.next_multiple_of(16) + 16;
+        let q_stride = group * hd;
+        let q = random_vec(rows * q_stride, 71 + hd as u64);
+        let keys = random_vec(hd * key_stride, 72 + len as u64);
+        let values = random_vec(len * hd, 73 + len as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut want = vec![0f32; rows * group * hd];
+        for r in 0..rows {
+            let seen = len - (rows - 1 - r);
+            for g in 0..group {
+                let qg = &q[r * q_stride + g * hd..][..hd];
+                let mut sc: Vec<f32> = (0..seen)
+                    .map(|t| {
+                        let dot =
+                            (0..hd).fold(0f32, |a, i| qg[i].mul_add(keys[i * key_stride + t], a));
+                        dot * scale
+                    })
+                    .collect();
+                softmax(&mut sc);
+                for d in 0..hd {
+                    want[(r * group + g) * hd + d] =
+                        (0..seen).fold(0f32, |a, t| sc[t].mul_add(values[t * hd + d], a));
+                }
+            }
+        }
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            key_stride,
+            value_stride: hd,
+            hd,
+            len,
+        };
+        for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+            let mut got = vec![0f32; rows * group * hd];
+            attend_rows(
+                isa,
+                &q,
+                q_stride,
+                rows,
+                kv,
+                scale,
+                None,
+                &mut Vec::new(),
+                &mut got,
+            );
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                bad.is_none(),
+                "{isa:?} hd {hd} group {group} len {len} rows {rows}: {bad:?}"
+            );
+        }
+    }
+}

@@ -228,7 +228,11 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
                 qs[j - j0] = query(j);
                 os[j - j0] = sp.add(j * len);
             }
-            let pf = if j0 == 0 && t0 + ahead < len { ahead } else { 0 };
+            let pf = if j0 == 0 && t0 + ahead < len {
+                ahead
+            } else {
+                0
+            };
             if vectors == P {
                 scores_tiles::<W, P>(j1 - j0, &qs, &os, pk, ks, hd, t0, vscale, pf);
             } else {
@@ -273,7 +277,11 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
                 }
                 let (ws, os) = (&ws[..g1 - g0], &os[..g1 - g0]);
                 // The first tile of the block's first row prefetches the values ahead.
-                let pf = if r == 0 && g0 == 0 && t0 + ahead < len { ahead } else { 0 };
+                let pf = if r == 0 && g0 == 0 && t0 + ahead < len {
+                    ahead
+                } else {
+                    0
+                };
                 let (span, first) = ((t0, t1), t0 == 0);
                 let mut i0 = 0;
                 while i0 < hd {
