@@ -192,12 +192,13 @@ impl Model {
         }
     }
 
-    /// Bytes of keys and values a pass reads from a cache of `len` positions (f32; the attention
+    /// Bytes of keys and values a pass reads from a cache of `len` positions (the attention
     /// kernels read each once for all the rows of a pass).
     pub fn cache_bytes_read(&self, len: usize) -> usize {
-        let c = &self.config;
-        (0..c.n_layer)
-            .map(|l| 2 * 4 * c.kv_dim() * self.attended(l, len))
+        let s = self.kv_shape();
+        let per_layer_position = s.bytes_per_position() / s.n_layer;
+        (0..s.n_layer)
+            .map(|l| per_layer_position * self.attended(l, len))
             .sum()
     }
 

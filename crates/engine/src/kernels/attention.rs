@@ -145,27 +145,17 @@ fn attend_visible(
     kv.check();
     let group = q.len() / hd;
     assert!(group * hd == q.len() && out.len() == q.len());
-    scores.clear();
-    scores.resize(group * len, 0.0);
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && hd % 8 == 0 {
+    // The vector kernels take one row as a pass of one (its mask, if any, as a one-row tree).
+    if isa != Isa::Scalar && hd % 8 == 0 && cfg!(target_arch = "x86_64") {
         let bits = [visible.map_or(0, |v| v.bits)];
         let mask = visible.map(|v| TreeMask {
             start: v.start,
             rows: &bits,
         });
-        // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2 and FMA for
-        // the 512-bit version, AVX2 and FMA for any other vector class; hd is a multiple of
-        // their lanes; every key and value read lies inside the checked span; one row.
-        return unsafe {
-            if isa.avx512() && hd % 16 == 0 {
-                x86::attend_rows_avx512(q, q.len(), 1, kv, scale, mask, scores, out)
-            } else {
-                x86::attend_rows_avx2(q, q.len(), 1, kv, scale, mask, scores, out)
-            }
-        };
+        return attend_rows(isa, q, q.len(), 1, kv, scale, mask, scores, out);
     }
-    let _ = isa;
+    scores.clear();
+    scores.resize(group * len, 0.0);
     attend_scalar_visible(q, kv, scale, visible, scores, out)
 }
 

@@ -11,9 +11,6 @@ use crate::kernels::attention::{softmax_visible, TreeMask};
 use crate::kernels::KvHead;
 use std::arch::x86_64::*;
 
-const YQ: usize = 2;
-const YP: usize = 4;
-
 /// How many positions ahead the first tile of a block prefetches keys and values (into L2). Each
 /// block reads `hd` rows of transposed keys far apart, more streams than the hardware prefetchers
 /// follow; measured on Zen 4 out of cache, 64 positions ahead is too late and 128 about right.
@@ -171,12 +168,13 @@ unsafe fn values_tiles<W: Width, const ACC: usize, const V: usize>(
 }
 
 /// `kernels::attend_rows` for head sizes that are a multiple of the width's lanes: a small matrix
-/// product in blocks of `BLOCK_VECTORS` vectors of positions. Scores: tiles of up to `QS` queries
-/// (of any rows) times a block, each row of transposed keys loaded once per tile and each query
-/// element broadcast; the positions past the last whole vector are one scalar fused chain each.
-/// Values: tiles of several query heads of a row times a few vectors of output, each value loaded
-/// once per tile. Every score and output is the same chain of operations whatever shares the
-/// call, so a row's result does not depend on the batch (nor on the width).
+/// product in blocks of `P` vectors of positions. Scores (`scores_of`): tiles of up to `QS`
+/// queries (of any rows) times a block, each row of transposed keys loaded once per tile and each
+/// query element broadcast; the positions past the last whole vector are one scalar fused chain
+/// each. Values (`values_of`): tiles of several query heads of a row times a few vectors of
+/// output, each value loaded once per tile. Every score and output is the same chain of
+/// operations whatever shares the call, so a row's result does not depend on the batch (nor on the
+/// width).
 ///
 /// # Safety
 /// Called from a function compiled for `W`'s instructions and FMA; `hd % W::LANES == 0`; the
@@ -193,24 +191,54 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let KvHead {
-        keys,
-        values,
-        key_stride: ks,
-        value_stride: stride,
-        hd,
-        len,
-    } = kv;
-    let gw = out.len() / rows;
-    let group = gw / hd;
-    let nq = rows * group;
-    let row_len = |r: usize| len - (rows - 1 - r);
-    let (pk, pv) = (keys.as_ptr(), values.as_ptr());
+    let shape = Shape {
+        rows,
+        group: out.len() / rows / kv.hd,
+        len: kv.len,
+    };
+    scores_of::<W, QS, P>(q, q_stride, shape, kv, scale, scores);
+    for j in 0..rows * shape.group {
+        let r = j / shape.group;
+        let n = shape.row_len(r);
+        softmax_visible(
+            &mut scores[j * kv.len..j * kv.len + n],
+            tree.map(|m| m.row(r)),
+        );
+    }
+    values_of::<W, P, ACC>(shape, kv, scores, out);
+}
+
+/// The rows of one call: `group` query heads each; row `r` sees the first `row_len(r)` of the
+/// `len` positions. Query `j` is head `j % group` of row `j / group`; its scores take `len`
+/// floats at `scores[j * len..]` (a row with fewer positions leaves the end of its scores unused).
+#[derive(Clone, Copy)]
+struct Shape {
+    rows: usize,
+    group: usize,
+    len: usize,
+}
+
+impl Shape {
+    fn row_len(&self, r: usize) -> usize {
+        self.len - (self.rows - 1 - r)
+    }
+}
+
+/// Every query's scaled scores against the positions its row sees, into `scores`.
+#[inline(always)]
+unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
+    q: &[f32],
+    q_stride: usize,
+    shape: Shape,
+    kv: KvHead<'_>,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let Shape { group, len, .. } = shape;
+    let (pk, ks, hd) = (kv.keys.as_ptr(), kv.key_stride, kv.hd);
+    let nq = shape.rows * group;
     let block = P * W::LANES;
-    let ahead = PREFETCH_AHEAD;
     let vscale = W::splat(scale);
-    // Query `j` is head `j % group` of row `j / group`; its scores take `len` floats at
-    // `scores[j * len..]` (a row with fewer positions leaves the end of its scores unused).
     let sp = scores.as_mut_ptr();
     let query = |j: usize| q.as_ptr().add((j / group) * q_stride + (j % group) * hd);
     let whole = len / W::LANES * W::LANES;
@@ -219,7 +247,7 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
         for j0 in (0..nq).step_by(QS) {
             let j1 = (j0 + QS).min(nq);
             // Past the last position any query of the tile sees (the tile's last row sees most).
-            if t0 >= row_len((j1 - 1) / group) {
+            if t0 >= shape.row_len((j1 - 1) / group) {
                 continue;
             }
             let mut qs = [std::ptr::null::<f32>(); 6];
@@ -228,8 +256,8 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
                 qs[j - j0] = query(j);
                 os[j - j0] = sp.add(j * len);
             }
-            let pf = if j0 == 0 && t0 + ahead < len {
-                ahead
+            let pf = if j0 == 0 && t0 + PREFETCH_AHEAD < len {
+                PREFETCH_AHEAD
             } else {
                 0
             };
@@ -244,26 +272,35 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
         }
     }
     for j in 0..nq {
-        let (pq, sc) = (query(j), sp.add(j * len));
-        for t in whole..row_len(j / group) {
+        let pq = query(j);
+        for t in whole..shape.row_len(j / group) {
             let mut acc = 0f32;
             for i in 0..hd {
                 acc = (*pq.add(i)).mul_add(*pk.add(i * ks + t), acc);
             }
-            *sc.add(t) = acc * scale;
+            *sp.add(j * len + t) = acc * scale;
         }
-        let n = row_len(j / group);
-        softmax_visible(
-            &mut scores[j * len..j * len + n],
-            tree.map(|m| m.row(j / group)),
-        );
     }
-    // Values, in blocks of positions; the partial sums wait in `out` between blocks.
+}
+
+/// Every query's weighted sum of the values (weights in `scores`), into `out`: in blocks of
+/// positions, the partial sums waiting in `out` between blocks.
+#[inline(always)]
+unsafe fn values_of<W: Width, const P: usize, const ACC: usize>(
+    shape: Shape,
+    kv: KvHead<'_>,
+    scores: &[f32],
+    out: &mut [f32],
+) {
+    let Shape { rows, group, len } = shape;
+    let (pv, stride, hd) = (kv.values.as_ptr(), kv.value_stride, kv.hd);
+    let gw = group * hd;
+    let block = P * W::LANES;
     let sp = scores.as_ptr();
     let po = out.as_mut_ptr();
     for t0 in (0..len).step_by(block) {
         for r in 0..rows {
-            let t1 = (t0 + block).min(row_len(r));
+            let t1 = (t0 + block).min(shape.row_len(r));
             if t0 >= t1 {
                 continue;
             }
@@ -277,8 +314,8 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
                 }
                 let (ws, os) = (&ws[..g1 - g0], &os[..g1 - g0]);
                 // The first tile of the block's first row prefetches the values ahead.
-                let pf = if r == 0 && g0 == 0 && t0 + ahead < len {
-                    ahead
+                let pf = if r == 0 && g0 == 0 && t0 + PREFETCH_AHEAD < len {
+                    PREFETCH_AHEAD
                 } else {
                     0
                 };
@@ -326,8 +363,8 @@ pub(crate) unsafe fn attend_rows_avx512(
     attend_rows_wide::<Zmm, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scores, out)
 }
 
-/// `kernels::attend_rows` with 256-bit registers (score tiles of three queries, 12 accumulators:
-/// sixteen registers in all).
+/// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
+/// value tiles of 12 accumulators: sixteen registers in all).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the bounds are those `kernels::attend_rows`
@@ -344,5 +381,5 @@ pub(crate) unsafe fn attend_rows_avx2(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Ymm<false>, YQ, YP, 12>(q, q_stride, rows, kv, scale, tree, scores, out)
+    attend_rows_wide::<Ymm<false>, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scores, out)
 }
