@@ -408,6 +408,32 @@ fn softmax_and_swiglu_match_their_plain_versions() {
     }
 }
 
+/// `attend_rows` over `rows` consecutive rows of `group` query heads each, no tree mask: every
+/// row's outputs, in order.
+fn attend_all(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    group: usize,
+    kv: KvHead<'_>,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; rows * group * kv.hd];
+    attend_rows(
+        isa,
+        q,
+        q_stride,
+        rows,
+        kv,
+        scale,
+        None,
+        &mut Vec::new(),
+        &mut out,
+    );
+    out
+}
+
 /// Several consecutive rows at once: each row bit-identical to `attend` on that row alone (same
 /// implementation), and close to the plain loops.
 #[test]
@@ -435,18 +461,7 @@ fn attention_over_rows_equals_each_row_alone() {
             len,
         };
         for isa in Isa::available() {
-            let mut all = vec![0f32; rows * group * hd];
-            attend_rows(
-                isa,
-                &q,
-                q_stride,
-                rows,
-                kv,
-                scale,
-                None,
-                &mut Vec::new(),
-                &mut all,
-            );
+            let all = attend_all(isa, &q, q_stride, rows, group, kv, scale);
             for r in 0..rows {
                 let row_kv = KvHead {
                     len: len - (rows - 1 - r),
@@ -657,18 +672,7 @@ fn attention_kernels_are_the_fused_chains_they_claim() {
             len,
         };
         for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
-            let mut got = vec![0f32; rows * group * hd];
-            attend_rows(
-                isa,
-                &q,
-                q_stride,
-                rows,
-                kv,
-                scale,
-                None,
-                &mut Vec::new(),
-                &mut got,
-            );
+            let got = attend_all(isa, &q, q_stride, rows, group, kv, scale);
             let bad = got
                 .iter()
                 .zip(&want)

@@ -16,6 +16,17 @@ use std::arch::x86_64::*;
 /// follow; measured on Zen 4 out of cache, 64 positions ahead is too late and 128 about right.
 const PREFETCH_AHEAD: usize = 128;
 
+/// How far ahead a block of positions from `t0` prefetches: `PREFETCH_AHEAD`, or 0 near the end
+/// of the `len` positions.
+#[inline(always)]
+fn prefetch_ahead(t0: usize, len: usize) -> usize {
+    if t0 + PREFETCH_AHEAD < len {
+        PREFETCH_AHEAD
+    } else {
+        0
+    }
+}
+
 /// Prefetches the `lines` cache lines from `p` into L2.
 #[inline(always)]
 unsafe fn prefetch(p: *const f32, lines: usize) {
@@ -256,11 +267,7 @@ unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
                 qs[j - j0] = query(j);
                 os[j - j0] = sp.add(j * len);
             }
-            let pf = if j0 == 0 && t0 + PREFETCH_AHEAD < len {
-                PREFETCH_AHEAD
-            } else {
-                0
-            };
+            let pf = if j0 == 0 { prefetch_ahead(t0, len) } else { 0 };
             if vectors == P {
                 scores_tiles::<W, P>(j1 - j0, &qs, &os, pk, ks, hd, t0, vscale, pf);
             } else {
@@ -314,8 +321,8 @@ unsafe fn values_of<W: Width, const P: usize, const ACC: usize>(
                 }
                 let (ws, os) = (&ws[..g1 - g0], &os[..g1 - g0]);
                 // The first tile of the block's first row prefetches the values ahead.
-                let pf = if r == 0 && g0 == 0 && t0 + PREFETCH_AHEAD < len {
-                    PREFETCH_AHEAD
+                let pf = if r == 0 && g0 == 0 {
+                    prefetch_ahead(t0, len)
                 } else {
                     0
                 };
