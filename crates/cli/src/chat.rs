@@ -21,6 +21,8 @@ pub struct ChatArgs {
     /// Model alias (fetched on first use) or path to a .gguf file.
     #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// A system message that opens the conversation.
     #[arg(long)]
     pub system: Option<String>,
@@ -67,7 +69,7 @@ struct Chat {
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     crate::common::init_threads(a.threads)?;
     let speculation = a.spec.resolve()?;
-    let lm = crate::common::load_model(&a.model)?;
+    let lm = crate::common::load_model(&a.model, &a.kv)?;
     if lm.chat_template.is_none() {
         eprintln!(
             "note: {} has no chat template; a plain one is used",

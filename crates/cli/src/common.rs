@@ -18,10 +18,53 @@ pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
     Ok(n)
 }
 
-/// Loads a model given by alias (fetched on first use) or path.
-pub fn load_model(spec: &str) -> anyhow::Result<engine::LoadedModel> {
+/// Loads a model given by alias (fetched on first use) or path, its KV caches as `kv` says.
+pub fn load_model(spec: &str, kv: &KvCacheArgs) -> anyhow::Result<engine::LoadedModel> {
     let path = models::resolve_model(spec)?;
-    Ok(engine::LoadedModel::load(&path)?)
+    let mut lm = engine::LoadedModel::load(&path)?;
+    if let Some(dtype) = kv.kv_cache_dtype.dtype() {
+        lm.model.set_kv_dtype(dtype);
+    }
+    Ok(lm)
+}
+
+/// `--kv-cache-dtype`: what the KV cache stores keys and values as.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KvCacheArgs {
+    /// Number type of the cached keys and values: f16 takes half the memory and half the bytes
+    /// attention reads at long context (llama.cpp's default cache); f32 keeps every digit the
+    /// pass computed. auto: f16 (f32 only where the weights are held in f32).
+    #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// The values of `--kv-cache-dtype`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    #[default]
+    Auto,
+    F16,
+    F32,
+}
+
+impl KvCacheDtype {
+    /// The number type asked for, `None` for the model's default.
+    pub fn dtype(self) -> Option<engine::kv_cache::KvDtype> {
+        match self {
+            KvCacheDtype::Auto => None,
+            KvCacheDtype::F16 => Some(engine::kv_cache::KvDtype::F16),
+            KvCacheDtype::F32 => Some(engine::kv_cache::KvDtype::F32),
+        }
+    }
+
+    /// As the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::F16 => "f16",
+            KvCacheDtype::F32 => "f32",
+        }
+    }
 }
 
 /// The CPU, its cores and the kernels pld picked on it, for benchmark reports.

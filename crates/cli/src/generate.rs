@@ -15,6 +15,8 @@ pub struct GenerateArgs {
     /// Model alias (fetched on first use) or path to a .gguf file.
     #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// The prompt text.
     #[arg(
         long,
@@ -174,7 +176,7 @@ pub(crate) fn summary_line(out: &GenerationOutput) -> String {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let threads = crate::common::init_threads(args.threads)?;
     let spec = args.spec.resolve()?;
-    let lm = crate::common::load_model(&args.model)?;
+    let lm = crate::common::load_model(&args.model, &args.kv)?;
     let prompt = args.prompt_text(&lm)?;
     let ctx = args.ctx_size.unwrap_or(lm.model.config.context_len);
     if args.compare {

@@ -8,6 +8,8 @@ use std::sync::Arc;
 pub struct ServeArgs {
     #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// Address to bind (loopback unless told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -54,7 +56,7 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     crate::common::init_threads(a.threads)?;
     let spec = a.spec.resolve()?;
-    let lm = Arc::new(crate::common::load_model(&a.model)?);
+    let lm = Arc::new(crate::common::load_model(&a.model, &a.kv)?);
     let ctx = a
         .max_model_len
         .unwrap_or(lm.model.config.context_len)

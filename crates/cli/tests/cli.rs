@@ -423,6 +423,8 @@ fn bench_forward_json_has_the_documented_fields() {
         "1",
         "--threads",
         "1,2",
+        "--kv-cache-dtype",
+        "f32",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -483,8 +485,9 @@ fn bench_forward_json_has_the_documented_fields() {
         }
         assert_eq!(r["prefill_tokens"], 48);
         assert!(r["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
-        // smollm2-135m: 30 layers, 3 KV heads of 64; f32 keys and values of 32 positions, and
-        // 9 query heads of 64 scoring and summing 33.
+        // smollm2-135m: 30 layers, 3 KV heads of 64; f32 keys and values (as asked, in every
+        // child process too) of 32 positions, and 9 query heads of 64 scoring and summing 33.
+        assert_eq!(r["kv_cache_dtype"], "f32");
         assert_eq!(r["cache_bytes_per_token"], 30 * 2 * 4 * 192 * 32);
         assert_eq!(r["attention_macs_per_token"], 30 * 2 * 576 * 33);
     }

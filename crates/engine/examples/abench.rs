@@ -1,12 +1,23 @@
 //! Times causal attention of ROWS rows over a cache of LEN positions for one key/value head
 //! (head size HD, GROUP query heads per key/value head: qwen-coder-1.5b's 128 and 6 by default),
-//! every implementation the CPU has, one thread (developer tool):
-//! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP]]]]]`.
+//! keys and values stored as DTYPE (f16 or f32, f16 by default), every implementation the CPU
+//! has, one thread (developer tool):
+//! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP [DTYPE]]]]]]`.
 //! COPIES heads, each with its own keys and values, are attended in turn, so that with enough of
 //! them (more than the last-level cache holds) the keys and values come from memory, as they do
 //! in a forward pass at long context.
 use engine::kernels::*;
 use std::time::Instant;
+
+/// What one run measures.
+struct Shape {
+    rows: usize,
+    len: usize,
+    copies: usize,
+    hd: usize,
+    group: usize,
+}
+
 fn main() {
     let arg = |i: usize, d: usize| -> usize {
         std::env::args()
@@ -14,22 +25,49 @@ fn main() {
             .map(|s| s.parse().unwrap())
             .unwrap_or(d)
     };
-    let (rows, len, copies) = (arg(1, 8), arg(2, 512), arg(3, 1));
-    let (hd, group) = (arg(4, 128), arg(5, 6));
+    let shape = Shape {
+        rows: arg(1, 8),
+        len: arg(2, 512),
+        copies: arg(3, 1),
+        hd: arg(4, 128),
+        group: arg(5, 6),
+    };
+    match std::env::args().nth(6).as_deref() {
+        Some("f32") => run::<f32>(&shape, "f32"),
+        None | Some("f16") => run::<half::f16>(&shape, "f16"),
+        Some(other) => panic!("DTYPE is f16 or f32, not {other}"),
+    }
+}
+
+fn run<E: KvElem>(s: &Shape, dtype: &str) {
+    let Shape {
+        rows,
+        len,
+        copies,
+        hd,
+        group,
+    } = *s;
     let q_stride = 2 * group * hd;
-    let key_stride = 16 * (len.div_ceil(16) | 1);
+    let size = std::mem::size_of::<E>();
+    let per_line = 64 / size;
+    let key_stride = per_line * (len.div_ceil(per_line) | 1);
     let fill = |n: usize, k: usize| -> Vec<f32> {
         (0..n)
             .map(|i| ((i * k) % 1000) as f32 / 1000.0 - 0.5)
             .collect()
     };
-    let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..copies)
-        .map(|c| (fill(hd * key_stride, 7919 + c), fill(len * hd, 7907 + c)))
+    let stored = |v: Vec<f32>| -> Vec<E> { v.into_iter().map(E::from_f32).collect() };
+    let heads: Vec<(Vec<E>, Vec<E>)> = (0..copies)
+        .map(|c| {
+            let keys = stored(fill(hd * key_stride, 7919 + c));
+            (keys, stored(fill(len * hd, 7907 + c)))
+        })
         .collect();
     let q = fill(rows * q_stride, 31);
     let mut out = vec![0f32; rows * group * hd];
     let mut scores = Vec::new();
-    let mb = (copies * 2 * len * hd * 4) as f64 / 1e6;
+    let bytes = (2 * len * hd * size) as f64;
+    let mb = copies as f64 * bytes / 1e6;
     for isa in Isa::available() {
         let mut best = f64::INFINITY;
         let runs = if isa == Isa::Scalar {
@@ -40,14 +78,7 @@ fn main() {
         for _ in 0..runs {
             let t = Instant::now();
             for (keys, values) in &heads {
-                let kv = KvHead {
-                    keys,
-                    values,
-                    key_stride,
-                    value_stride: hd,
-                    hd,
-                    len,
-                };
+                let kv = KvHead::new(keys, values, key_stride, hd, hd, len);
                 let scale = 1.0 / (hd as f32).sqrt();
                 attend_rows(
                     isa,
@@ -64,10 +95,9 @@ fn main() {
             best = best.min(t.elapsed().as_secs_f64() / copies as f64);
         }
         let macs = (rows * group * len * hd * 2) as f64;
-        let bytes = (2 * len * hd * 4) as f64;
         println!(
-            "{isa:?} rows {rows} len {len} ({mb:.0} MB over {copies} heads): {:.1} us per kv head \
-             ({:.1} G multiply-adds/s, {:.1} GB/s)",
+            "{isa:?} rows {rows} len {len} {dtype} ({mb:.0} MB over {copies} heads): {:.1} us per \
+             kv head ({:.1} G multiply-adds/s, {:.1} GB/s)",
             best * 1e6,
             macs / best / 1e9,
             bytes / best / 1e9,

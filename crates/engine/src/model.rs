@@ -14,7 +14,7 @@ pub use crate::config::{Activation, Architecture, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, QMatrix};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype, KvShape};
 use crate::weights::{self, Precision};
 
 struct Attention {
@@ -54,6 +54,8 @@ pub struct Model {
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
     output: QMatrix,
+    /// What `new_cache` stores keys and values as.
+    kv_dtype: KvDtype,
 }
 
 impl Model {
@@ -163,7 +165,21 @@ impl Model {
             token_embd,
             layers,
             output,
-        })
+            kv_dtype: KvDtype::F16,
+        }
+        .with_default_kv_dtype())
+    }
+
+    /// The model with the cache number type its weights call for: f32 where every matrix is f32
+    /// (their logits are held to a float reference, and f16 keys would cost them digits), f16
+    /// wherever a product rounds anyway (quantized or f16 weights quantize or round their
+    /// activations): half the cache's memory and traffic, as llama.cpp's default cache.
+    fn with_default_kv_dtype(mut self) -> Model {
+        let all_f32 = self
+            .token_matrices()
+            .all(|m| m.dtype == candle_core::quantized::GgmlDType::F32);
+        self.kv_dtype = if all_f32 { KvDtype::F32 } else { KvDtype::F16 };
+        self
     }
 
     /// Bytes of weights one decode step reads: every layer matrix and the output head (the
@@ -223,24 +239,25 @@ impl Model {
     }
 
     /// What one cached position holds (a key and a value per layer).
-    pub fn kv_shape(&self) -> crate::kv_cache::KvShape {
+    pub fn kv_shape(&self) -> KvShape {
         let c = &self.config;
-        crate::kv_cache::KvShape {
+        KvShape {
             n_layer: c.n_layer,
             kv_dim: c.kv_dim(),
             hd: c.head_dim,
+            dtype: self.kv_dtype,
         }
+    }
+
+    /// What the caches `new_cache` makes from now on store keys and values as (by default f32
+    /// for f32 weights, else f16).
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
     }
 
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        let s = self.kv_shape();
-        KvCache::new(
-            s.n_layer,
-            s.kv_dim,
-            s.hd,
-            capacity.min(self.config.context_len),
-        )
+        KvCache::new(self.kv_shape(), capacity.min(self.config.context_len))
     }
 }
 

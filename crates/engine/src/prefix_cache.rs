@@ -55,7 +55,7 @@ struct BlockKey {
 struct Block {
     key: BlockKey,
     /// The rows of its positions, as `KvCache::take_rows` lays them out.
-    rows: Box<[f32]>,
+    rows: Box<[u8]>,
     /// Blocks chained to this one.
     children: usize,
     /// When it was last used (larger is more recent); its key in `by_age`.
@@ -165,7 +165,7 @@ impl PrefixCache {
                 parent: chain.last().copied(),
                 tokens: block_tokens(&tokens[b * BLOCK_TOKENS..]),
             };
-            let mut rows = vec![0.0; BLOCK_TOKENS * self.shape.floats_per_position()];
+            let mut rows = vec![0u8; BLOCK_TOKENS * self.shape.bytes_per_position()];
             cache.take_rows(b * BLOCK_TOKENS, BLOCK_TOKENS, &mut rows);
             let id = self.add(key, rows.into_boxed_slice());
             chain.push(id);
@@ -205,7 +205,7 @@ impl PrefixCache {
         }
     }
 
-    fn add(&mut self, key: BlockKey, rows: Box<[f32]>) -> usize {
+    fn add(&mut self, key: BlockKey, rows: Box<[u8]>) -> usize {
         if let Some(parent) = key.parent {
             self.blocks[parent]
                 .as_mut()

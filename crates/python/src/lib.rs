@@ -9,6 +9,7 @@ mod batch;
 mod draft;
 mod settings;
 
+use engine::kv_cache::KvDtype;
 use engine::{EngineError, GenerationOutput, LoadedModel, Message, PrefixCache, Sequence};
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -56,7 +57,9 @@ impl Engine {
     /// is vLLM's dict as JSON (Hugging Face's names are aliases); `threads` sizes the compute
     /// pool (the first engine of the process sets it).
     #[new]
-    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None))]
+    // One argument per keyword of Python's `LLM(...)`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None, kv_cache_dtype="auto"))]
     fn new(
         py: Python<'_>,
         model: &str,
@@ -65,8 +68,19 @@ impl Engine {
         threads: Option<usize>,
         max_num_seqs: usize,
         prefix_cache_bytes: Option<usize>,
+        kv_cache_dtype: &str,
     ) -> PyResult<Self> {
         let spec = draft::spec_config(speculative_config)?;
+        let kv_dtype = match kv_cache_dtype {
+            "auto" => None,
+            "f16" | "float16" | "half" => Some(KvDtype::F16),
+            "f32" | "float32" | "float" => Some(KvDtype::F32),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "kv_cache_dtype must be \"auto\", \"f16\" or \"f32\", not {other:?}"
+                )))
+            }
+        };
         if threads == Some(0) {
             return Err(PyValueError::new_err("threads must be at least 1"));
         }
@@ -82,7 +96,11 @@ impl Engine {
             if !path.exists() {
                 return Err(py_err(EngineError::ModelNotFound(path)));
             }
-            LoadedModel::load(&path).map_err(py_err)
+            let mut lm = LoadedModel::load(&path).map_err(py_err)?;
+            if let Some(dtype) = kv_dtype {
+                lm.model.set_kv_dtype(dtype);
+            }
+            Ok(lm)
         })?;
         let ctx = max_model_len
             .unwrap_or(lm.model.config.context_len)
@@ -110,6 +128,12 @@ impl Engine {
     #[getter]
     fn max_model_len(&self) -> usize {
         self.inner.ctx
+    }
+
+    /// What the KV caches store keys and values as: "f16" or "f32".
+    #[getter]
+    fn kv_cache_dtype(&self) -> &'static str {
+        self.inner.lm.model.kv_shape().dtype.name()
     }
 
     /// The speculation settings in use, as JSON.

@@ -165,6 +165,16 @@ def test_bad_settings_raise_value_errors_naming_the_field():
             SamplingParams(**kwargs)
     with pytest.raises(ValueError, match="speculative_config"):
         LLM("smollm2-135m", speculative_config={"num_speculative_tokens": 4, "bogus": 1})
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        LLM("smollm2-135m", kv_cache_dtype="fp8")
+
+
+def test_an_f32_cache_is_asked_for_by_vllms_name(llm):
+    assert llm.kv_cache_dtype == "f16"
+    wide = LLM("smollm2-135m", kv_cache_dtype="f32", threads=2)
+    assert wide.kv_cache_dtype == "f32"
+    out = wide.generate(PROMPT, greedy(16), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 16
 
 
 def test_model_errors_are_exceptions_with_pld_messages(tmp_path, llm):

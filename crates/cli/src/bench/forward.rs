@@ -11,6 +11,8 @@ use std::time::Instant;
 pub struct ForwardArgs {
     #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// Tokens already in the cache when the passes are timed.
     #[arg(long, default_value_t = 512)]
     pub context: usize,
@@ -58,6 +60,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .args(["--context", &a.context.to_string()])
                 .args(["--repeats", &a.repeats.to_string()])
                 .args(["--prefill-tokens", &a.prefill_tokens.to_string()])
+                .args(["--kv-cache-dtype", a.kv.kv_cache_dtype.name()])
                 .args(["--threads", &n.to_string()])
                 .stderr(std::process::Stdio::inherit())
                 .output()?;
@@ -83,7 +86,10 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     }
     println!("model {}", runs[0].model);
     for r in &runs {
-        println!("{} threads ({} tokens in cache):", r.threads, r.context);
+        println!(
+            "{} threads ({} tokens in an {} cache):",
+            r.threads, r.context, r.kv_cache_dtype
+        );
         for p in &r.passes {
             println!(
                 "  pass over {:>2} tokens: {:8.2} ms  ({:.2}x one token; limit {:.2} ms, {:.0}% of it)",
@@ -128,7 +134,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
 /// Every figure at one thread count, in this process.
 fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let threads = crate::common::init_threads(Some(threads))?;
-    let lm = crate::common::load_model(&a.model)?;
+    let lm = crate::common::load_model(&a.model, &a.kv)?;
     let model = &lm.model;
     let sizes = [1usize, 2, 4, 8, 16, 32, 64];
     let capacity = (a.context + 64 + 64).max(a.prefill_tokens + 1);
@@ -239,6 +245,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         prefill_tokens_per_s: prefill_tps,
         weight_bytes_per_token: weight_bytes,
         cache_bytes_per_token: cache_bytes,
+        kv_cache_dtype: model.kv_shape().dtype.name().into(),
         attention_macs_per_token: model.attention_macs(a.context + 1),
         bandwidth_gb_s: gb_s,
         bandwidth_bound_tokens_per_s: bound,

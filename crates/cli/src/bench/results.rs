@@ -192,6 +192,10 @@ pub struct PassTiming {
     pub share_of_limit: f64,
 }
 
+fn f32_cache() -> String {
+    "f32".into()
+}
+
 /// Every figure of `bench forward` at one thread count.
 #[derive(Serialize, Deserialize, Clone)]
 pub struct ForwardRun {
@@ -208,6 +212,10 @@ pub struct ForwardRun {
     /// Bytes of keys and values a pass reads at `context` positions (part of the decode bound).
     #[serde(default)]
     pub cache_bytes_per_token: usize,
+    /// What the KV cache stored keys and values as (`f16` or `f32`; runs before it was recorded
+    /// were f32).
+    #[serde(default = "f32_cache")]
+    pub kv_cache_dtype: String,
     /// f32 multiply-adds of one row's attention at `context + 1` positions.
     #[serde(default)]
     pub attention_macs_per_token: usize,

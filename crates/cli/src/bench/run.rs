@@ -21,6 +21,8 @@ use std::time::Instant;
 pub struct RunArgs {
     #[arg(long, default_value = crate::common::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// Workload file(s) in Spec-Bench's JSONL format (repeatable).
     #[arg(long, required = true)]
     pub workload: Vec<PathBuf>,
@@ -240,7 +242,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "bench run compares against speculation: --num-speculative-tokens must be > 0"
         );
     }
-    let lm = crate::common::load_model(&args.model)?;
+    let lm = crate::common::load_model(&args.model, &args.kv)?;
     let results = match &args.from_results {
         Some(path) => recorded_rows(path)?,
         None => run_rows(&lm, &args, &spec)?,

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 pub struct ServeArgs {
     #[arg(long, default_value = "qwen-coder-0.5b")]
     pub model: String,
+    #[command(flatten)]
+    pub kv: crate::common::KvCacheArgs,
     /// Workload in Spec-Bench's JSONL format (first turns are sent).
     #[arg(long)]
     pub workload: PathBuf,
@@ -297,7 +299,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let spec = a.spec.resolve()?;
     let plain = SpecConfig::off();
     let prompts = prompts(&a)?;
-    let lm = Arc::new(crate::common::load_model(&a.model)?);
+    let lm = Arc::new(crate::common::load_model(&a.model, &a.kv)?);
     let ctx = lm.model.config.context_len.min(8192);
     let max_seqs = a.clients.iter().copied().max().unwrap_or(1).max(1);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,11 +1,74 @@
 //! Attention of the query heads that share one key/value head of the cache (keys stored
 //! transposed): the plain loops, and one tiled kernel for one or several rows at once on 256-bit
-//! (AVX2) or 512-bit (AVX-512) registers.
+//! (AVX2) or 512-bit (AVX-512) registers. Keys and values are f32 or f16 (`KvElem`); every
+//! product and sum is in f32, an f16 number widened exactly as it is loaded.
 
-use super::elementwise::{axpy_scalar, softmax};
+use super::elementwise::softmax;
 use super::isa::{assert_available, isa, Isa};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
+use half::f16;
+
+/// A number type the KV cache stores keys and values in: f32 or f16, no other (the vector kernels
+/// load by `HALF`).
+pub trait KvElem: sealed::OneOfOurs + Copy + Send + Sync + bytemuck::Pod + 'static {
+    /// The cache's zero.
+    const ZERO: Self;
+    /// Half precision (else f32).
+    const HALF: bool;
+    /// `v` rounded to the nearest number of the type (f16: out-of-range values saturate to the
+    /// largest finite one, so a cache never holds an infinity its attention would turn to NaN).
+    fn from_f32(v: f32) -> Self;
+    /// The number, exactly, as f32.
+    fn to_f32(self) -> f32;
+    /// A head's keys and values of this type, as `KvHead` holds them.
+    fn elems<'a>(keys: &'a [Self], values: &'a [Self]) -> KvElems<'a>;
+}
+
+mod sealed {
+    pub trait OneOfOurs {}
+    impl OneOfOurs for f32 {}
+    impl OneOfOurs for half::f16 {}
+}
+
+impl KvElem for f32 {
+    const ZERO: f32 = 0.0;
+    const HALF: bool = false;
+    #[inline]
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn elems<'a>(keys: &'a [f32], values: &'a [f32]) -> KvElems<'a> {
+        KvElems::F32 { keys, values }
+    }
+}
+
+impl KvElem for f16 {
+    const ZERO: f16 = f16::ZERO;
+    const HALF: bool = true;
+    #[inline]
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v.clamp(f16::MIN.to_f32(), f16::MAX.to_f32()))
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn elems<'a>(keys: &'a [f16], values: &'a [f16]) -> KvElems<'a> {
+        KvElems::F16 { keys, values }
+    }
+}
+
+/// The keys and values of a `KvHead`, in the type its cache stores.
+#[derive(Clone, Copy)]
+pub enum KvElems<'a> {
+    F32 { keys: &'a [f32], values: &'a [f32] },
+    F16 { keys: &'a [f16], values: &'a [f16] },
+}
 
 /// One key/value head of a cache over its first `len` positions. Keys are stored transposed, one
 /// row per dimension: dimension `i` of key `t` is `keys[i * key_stride + t]`, so that the scores
@@ -13,8 +76,18 @@ use super::x86;
 /// `values[t * value_stride..][..hd]`.
 #[derive(Clone, Copy)]
 pub struct KvHead<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+    pub elems: KvElems<'a>,
+    pub key_stride: usize,
+    pub value_stride: usize,
+    pub hd: usize,
+    pub len: usize,
+}
+
+/// A `KvHead` over keys and values of one known type: what the kernels compute with.
+#[derive(Clone, Copy)]
+pub(crate) struct KvOf<'a, E> {
+    pub keys: &'a [E],
+    pub values: &'a [E],
     pub key_stride: usize,
     pub value_stride: usize,
     pub hd: usize,
@@ -22,17 +95,77 @@ pub struct KvHead<'a> {
 }
 
 impl<'a> KvHead<'a> {
+    /// The head over `keys` and `values` (laid out as above).
+    pub fn new<E: KvElem>(
+        keys: &'a [E],
+        values: &'a [E],
+        key_stride: usize,
+        value_stride: usize,
+        hd: usize,
+        len: usize,
+    ) -> KvHead<'a> {
+        KvHead {
+            elems: E::elems(keys, values),
+            key_stride,
+            value_stride,
+            hd,
+            len,
+        }
+    }
+
     /// The same head without its first `n` positions: position `n + t` becomes `t`.
     pub fn skip(self, n: usize) -> KvHead<'a> {
         assert!(n < self.len, "skipping every position");
+        let vs = n * self.value_stride;
+        let elems = match self.elems {
+            KvElems::F32 { keys, values } => KvElems::F32 {
+                keys: &keys[n..],
+                values: &values[vs..],
+            },
+            KvElems::F16 { keys, values } => KvElems::F16 {
+                keys: &keys[n..],
+                values: &values[vs..],
+            },
+        };
         KvHead {
-            keys: &self.keys[n..],
-            values: &self.values[n * self.value_stride..],
+            elems,
             len: self.len - n,
             ..self
         }
     }
 
+    /// The same head over `keys` and `values` of a known type.
+    fn of<E>(&self, keys: &'a [E], values: &'a [E]) -> KvOf<'a, E> {
+        KvOf {
+            keys,
+            values,
+            key_stride: self.key_stride,
+            value_stride: self.value_stride,
+            hd: self.hd,
+            len: self.len,
+        }
+    }
+}
+
+/// `$body` with `$kv` bound to the `KvOf` of the `KvHead` `$head`, whichever type its keys and
+/// values have: one generic body, compiled for each.
+macro_rules! with_typed {
+    ($head:expr, $kv:ident => $body:expr) => {{
+        let head: KvHead<'_> = $head;
+        match head.elems {
+            KvElems::F32 { keys, values } => {
+                let $kv = head.of(keys, values);
+                $body
+            }
+            KvElems::F16 { keys, values } => {
+                let $kv = head.of(keys, values);
+                $body
+            }
+        }
+    }};
+}
+
+impl<E> KvOf<'_, E> {
     /// Panics unless every key and value of the `len` positions lies inside the slices.
     fn check(&self) {
         let Self { hd, len, .. } = *self;
@@ -142,7 +275,6 @@ fn attend_visible(
 ) {
     assert_available(isa);
     let KvHead { hd, len, .. } = kv;
-    kv.check();
     let group = q.len() / hd;
     assert!(group * hd == q.len() && out.len() == q.len());
     // The vector kernels take one row as a pass of one (its mask, if any, as a one-row tree).
@@ -156,7 +288,10 @@ fn attend_visible(
     }
     scores.clear();
     scores.resize(group * len, 0.0);
-    attend_scalar_visible(q, kv, scale, visible, scores, out)
+    with_typed!(kv, kv => {
+        kv.check();
+        scalar_visible(q, kv, scale, visible, scores, out)
+    })
 }
 
 /// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
@@ -188,20 +323,22 @@ pub fn attend_rows(
     );
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && hd % 8 == 0 {
-        kv.check();
         scores.clear();
         scores.resize(rows * (gw / hd) * len, 0.0);
-        // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2 and FMA for
-        // the 512-bit version, AVX2 and FMA for any other vector class; hd is a multiple of their
-        // lanes; keys and values lie inside the checked span, queries inside `q`, scores and
-        // outputs are sized above.
-        return unsafe {
-            if isa.avx512() && hd % 16 == 0 {
-                x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out)
-            } else {
-                x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scores, out)
+        return with_typed!(kv, kv => {
+            kv.check();
+            // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2, FMA
+            // and F16C for the 512-bit version, AVX2, FMA and F16C for any other vector class;
+            // hd is a multiple of their lanes; keys and values lie inside the checked span,
+            // queries inside `q`, scores and outputs are sized above.
+            unsafe {
+                if isa.avx512() && hd % 16 == 0 {
+                    x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out)
+                } else {
+                    x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scores, out)
+                }
             }
-        };
+        });
     }
     for (r, o) in out.chunks_mut(gw).enumerate() {
         let row_kv = KvHead {
@@ -222,19 +359,22 @@ pub fn attend_rows(
 
 /// The plain version of `attend`, one dot product and one scaled sum per head and position.
 pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    attend_scalar_visible(q, kv, scale, None, scores, out)
+    with_typed!(kv, kv => {
+        kv.check();
+        scalar_visible(q, kv, scale, None, scores, out)
+    })
 }
 
 /// `attend_scalar` for a row that sees only the positions `visible` allows.
-fn attend_scalar_visible(
+fn scalar_visible<E: KvElem>(
     q: &[f32],
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scale: f32,
     visible: Option<Visible>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let KvHead {
+    let KvOf {
         keys,
         values,
         key_stride,
@@ -252,7 +392,7 @@ fn attend_scalar_visible(
                 .iter_mut()
                 .zip(&keys[i * key_stride..i * key_stride + len])
             {
-                *s += qi * k;
+                *s += qi * k.to_f32();
             }
         }
         for s in sc.iter_mut() {
@@ -264,7 +404,10 @@ fn attend_scalar_visible(
     for t in 0..len {
         let value = &values[t * value_stride..t * value_stride + hd];
         for g in 0..group {
-            axpy_scalar(scores[g * len + t], value, &mut out[g * hd..(g + 1) * hd]);
+            let w = scores[g * len + t];
+            for (o, v) in out[g * hd..(g + 1) * hd].iter_mut().zip(value) {
+                *o += w * v.to_f32();
+            }
         }
     }
 }

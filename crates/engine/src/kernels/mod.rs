@@ -12,8 +12,8 @@
 //! `format` describes each of our formats once; `quant` quantizes activations and has the plain
 //! products; `packed` interleaves weights for the SIMD kernels (AVX2 or AVX-512, with or without
 //! VNNI); `x86` has the SIMD kernels by family; this file, `attention` and `elementwise` choose
-//! among them. Imports go that way only, except that x86's attention kernels take `KvHead` and call
-//! `softmax` from above.
+//! among them. Imports go that way only, except that x86's attention kernels take a typed `KvHead`
+//! (`attention::KvOf`) and call `softmax` from above.
 //!
 //! # Where `unsafe` lives
 //!
@@ -46,7 +46,9 @@ pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attention::{attend, attend_rows, attend_scalar, attend_with, KvHead, TreeMask};
+pub use attention::{
+    attend, attend_rows, attend_scalar, attend_with, KvElem, KvElems, KvHead, TreeMask,
+};
 pub use bandwidth::{f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,

@@ -1,5 +1,11 @@
 use super::*;
 use candle_core::quantized::GgmlDType;
+use half::f16;
+
+/// `v` as a KV cache of number type `E` stores it (rounded once).
+fn cached<E: KvElem>(v: Vec<f32>) -> Vec<E> {
+    v.into_iter().map(E::from_f32).collect()
+}
 
 /// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -235,6 +241,11 @@ fn q4k_scales_and_mins_unpack_bytewise() {
 /// Attention over a strided cache equals the plain version, for awkward head sizes and groups.
 #[test]
 fn attention_matches_the_scalar_reference() {
+    attention_matches_the_scalar_reference_for::<f32>();
+    attention_matches_the_scalar_reference_for::<f16>();
+}
+
+fn attention_matches_the_scalar_reference_for<E: KvElem>() {
     for &(hd, group, len, stride) in &[
         (64usize, 3usize, 37usize, 192usize),
         (40, 7, 5, 80),
@@ -248,19 +259,12 @@ fn attention_matches_the_scalar_reference() {
         let q = random_vec(group * hd, hd as u64);
         // Key rows a little longer than the positions, at an odd stride.
         let key_stride = len + hd % 7;
-        let keys = random_vec((hd - 1) * key_stride + len, 11 + len as u64);
-        let values = random_vec((len - 1) * stride + hd, 12 + len as u64);
+        let keys: Vec<E> = cached(random_vec((hd - 1) * key_stride + len, 11 + len as u64));
+        let values: Vec<E> = cached(random_vec((len - 1) * stride + hd, 12 + len as u64));
         let scale = 1.0 / (hd as f32).sqrt();
         let mut scores = vec![0f32; group * len];
         let mut want = vec![0f32; group * hd];
-        let kv = KvHead {
-            keys: &keys,
-            values: &values,
-            key_stride,
-            value_stride: stride,
-            hd,
-            len,
-        };
+        let kv = KvHead::new(&keys, &values, key_stride, stride, hd, len);
         attend_scalar(&q, kv, scale, &mut scores, &mut want);
         let mut got = vec![0f32; group * hd];
         for isa in Isa::available() {
@@ -273,9 +277,9 @@ fn attention_matches_the_scalar_reference() {
             }
         }
         // Each output is a convex combination of the values: within their range.
-        let (lo, hi) = values
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
+        let (lo, hi) = values.iter().fold((f32::MAX, f32::MIN), |(l, h), v| {
+            (l.min(v.to_f32()), h.max(v.to_f32()))
+        });
         assert!(got.iter().all(|v| *v >= lo - 1e-5 && *v <= hi + 1e-5));
     }
 }
@@ -438,6 +442,11 @@ fn attend_all(
 /// implementation), and close to the plain loops.
 #[test]
 fn attention_over_rows_equals_each_row_alone() {
+    attention_over_rows_equals_each_row_alone_for::<f32>();
+    attention_over_rows_equals_each_row_alone_for::<f16>();
+}
+
+fn attention_over_rows_equals_each_row_alone_for<E: KvElem>() {
     for &(hd, group, len, rows, stride) in &[
         (64usize, 3usize, 70usize, 16usize, 192usize),
         (128, 6, 530, 5, 256),
@@ -449,17 +458,10 @@ fn attention_over_rows_equals_each_row_alone() {
         let q_stride = group * hd + 16;
         let q = random_vec((rows - 1) * q_stride + group * hd, 31 + hd as u64);
         let key_stride = len.next_multiple_of(16) + 16;
-        let keys = random_vec(hd * key_stride, 32 + len as u64);
-        let values = random_vec((len - 1) * stride + hd, 33 + len as u64);
+        let keys: Vec<E> = cached(random_vec(hd * key_stride, 32 + len as u64));
+        let values: Vec<E> = cached(random_vec((len - 1) * stride + hd, 33 + len as u64));
         let scale = 1.0 / (hd as f32).sqrt();
-        let kv = KvHead {
-            keys: &keys,
-            values: &values,
-            key_stride,
-            value_stride: stride,
-            hd,
-            len,
-        };
+        let kv = KvHead::new(&keys, &values, key_stride, stride, hd, len);
         for isa in Isa::available() {
             let all = attend_all(isa, &q, q_stride, rows, group, kv, scale);
             for r in 0..rows {
@@ -493,6 +495,11 @@ fn attention_over_rows_equals_each_row_alone() {
 /// which is what decoding the row's path one token at a time would have in its cache.
 #[test]
 fn tree_rows_equal_their_path_alone() {
+    tree_rows_equal_their_path_alone_for::<f32>();
+    tree_rows_equal_their_path_alone_for::<f16>();
+}
+
+fn tree_rows_equal_their_path_alone_for<E: KvElem>() {
     use crate::kernels::TreeMask;
     for &(hd, group, start, rows, seed) in &[
         (64usize, 3usize, 40usize, 12usize, 1u64),
@@ -505,8 +512,8 @@ fn tree_rows_equal_their_path_alone() {
         let q_stride = group * hd + 16;
         let q = random_vec((rows - 1) * q_stride + group * hd, 50 + seed);
         let key_stride = len.next_multiple_of(16) + 16;
-        let keys = random_vec(hd * key_stride, 51 + seed);
-        let values = random_vec((len - 1) * stride + hd, 52 + seed);
+        let keys: Vec<E> = cached(random_vec(hd * key_stride, 51 + seed));
+        let values: Vec<E> = cached(random_vec((len - 1) * stride + hd, 52 + seed));
         let scale = 1.0 / (hd as f32).sqrt();
         // Row 0 is the root; every later row hangs below a random earlier row.
         let mut masks = vec![1u64];
@@ -518,14 +525,7 @@ fn tree_rows_equal_their_path_alone() {
             let parent = (x >> 33) as usize % r;
             masks.push(masks[parent] | 1 << r);
         }
-        let kv = KvHead {
-            keys: &keys,
-            values: &values,
-            key_stride,
-            value_stride: stride,
-            hd,
-            len,
-        };
+        let kv = KvHead::new(&keys, &values, key_stride, stride, hd, len);
         for isa in Isa::available() {
             let mut all = vec![0f32; rows * group * hd];
             let tree = TreeMask {
@@ -554,8 +554,8 @@ fn tree_rows_equal_their_path_alone() {
                     .collect();
                 let n = seen.len();
                 let ks = n.next_multiple_of(16) + 16;
-                let mut pk = vec![0f32; hd * ks];
-                let mut pv = vec![0f32; n * stride];
+                let mut pk = vec![E::ZERO; hd * ks];
+                let mut pv = vec![E::ZERO; n * stride];
                 for (j, &t) in seen.iter().enumerate() {
                     for i in 0..hd {
                         pk[i * ks + j] = keys[i * key_stride + t];
@@ -563,14 +563,7 @@ fn tree_rows_equal_their_path_alone() {
                     pv[j * stride..j * stride + hd]
                         .copy_from_slice(&values[t * stride..t * stride + hd]);
                 }
-                let path_kv = KvHead {
-                    keys: &pk,
-                    values: &pv,
-                    key_stride: ks,
-                    value_stride: stride,
-                    hd,
-                    len: n,
-                };
+                let path_kv = KvHead::new(&pk, &pv, ks, stride, hd, n);
                 let qr = &q[r * q_stride..r * q_stride + group * hd];
                 let mut one = vec![0f32; group * hd];
                 attend_with(isa, qr, path_kv, scale, &mut Vec::new(), &mut one);
@@ -606,14 +599,7 @@ fn an_isa_the_cpu_lacks_is_refused() {
     let x = random_vec(256, 2);
     let product = std::panic::catch_unwind(|| matmul_with(lacking, &x, 1, &mat, &mut [0f32; 16]));
     assert!(product.is_err(), "{lacking:?} product ran");
-    let kv = KvHead {
-        keys: &x,
-        values: &x,
-        key_stride: 16,
-        value_stride: 16,
-        hd: 16,
-        len: 16,
-    };
+    let kv = KvHead::new(&x, &x, 16, 16, 16, 16);
     let attention = std::panic::catch_unwind(|| {
         attend_with(lacking, &x[..16], kv, 1.0, &mut Vec::new(), &mut [0f32; 16])
     });
@@ -629,6 +615,11 @@ mod packed_kernels;
 /// sees all but the last `rows - 1 - r` positions), whatever the tiles, tails and blocks.
 #[test]
 fn attention_kernels_are_the_fused_chains_they_claim() {
+    attention_kernels_are_the_fused_chains_they_claim_for::<f32>();
+    attention_kernels_are_the_fused_chains_they_claim_for::<f16>();
+}
+
+fn attention_kernels_are_the_fused_chains_they_claim_for<E: KvElem>() {
     let shapes = [
         (64usize, 7usize, 300usize, 1usize),
         (64, 7, 300, 9),
@@ -641,8 +632,8 @@ fn attention_kernels_are_the_fused_chains_they_claim() {
         let key_stride = len.next_multiple_of(16) + 16;
         let q_stride = group * hd;
         let q = random_vec(rows * q_stride, 71 + hd as u64);
-        let keys = random_vec(hd * key_stride, 72 + len as u64);
-        let values = random_vec(len * hd, 73 + len as u64);
+        let keys: Vec<E> = cached(random_vec(hd * key_stride, 72 + len as u64));
+        let values: Vec<E> = cached(random_vec(len * hd, 73 + len as u64));
         let scale = 1.0 / (hd as f32).sqrt();
         let mut want = vec![0f32; rows * group * hd];
         for r in 0..rows {
@@ -651,26 +642,20 @@ fn attention_kernels_are_the_fused_chains_they_claim() {
                 let qg = &q[r * q_stride + g * hd..][..hd];
                 let mut sc: Vec<f32> = (0..seen)
                     .map(|t| {
-                        let dot =
-                            (0..hd).fold(0f32, |a, i| qg[i].mul_add(keys[i * key_stride + t], a));
+                        let dot = (0..hd).fold(0f32, |a, i| {
+                            qg[i].mul_add(keys[i * key_stride + t].to_f32(), a)
+                        });
                         dot * scale
                     })
                     .collect();
                 softmax(&mut sc);
                 for d in 0..hd {
                     want[(r * group + g) * hd + d] =
-                        (0..seen).fold(0f32, |a, t| sc[t].mul_add(values[t * hd + d], a));
+                        (0..seen).fold(0f32, |a, t| sc[t].mul_add(values[t * hd + d].to_f32(), a));
                 }
             }
         }
-        let kv = KvHead {
-            keys: &keys,
-            values: &values,
-            key_stride,
-            value_stride: hd,
-            hd,
-            len,
-        };
+        let kv = KvHead::new(&keys, &values, key_stride, hd, hd, len);
         for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
             let got = attend_all(isa, &q, q_stride, rows, group, kv, scale);
             let bad = got

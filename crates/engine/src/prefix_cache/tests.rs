@@ -1,10 +1,13 @@
 use super::*;
+use crate::kv_cache::KvDtype;
 use proptest::prelude::*;
 
+/// f32 numbers, so that every `row_value` is held exactly (the f16 test below uses small ones).
 const SHAPE: KvShape = KvShape {
     n_layer: 2,
     kv_dim: 4,
     hd: 2,
+    dtype: KvDtype::F32,
 };
 
 /// What position `p` of a sequence over `tokens` holds in these tests: a number fixed by the
@@ -18,14 +21,19 @@ fn row_value(tokens: &[u32], p: usize, slot: usize) -> f32 {
 
 /// A cache of `tokens.len()` positions whose rows are `row_value`.
 fn filled(tokens: &[u32]) -> KvCache {
-    let mut c = KvCache::new(SHAPE.n_layer, SHAPE.kv_dim, SHAPE.hd, 256);
-    for layer in 0..SHAPE.n_layer {
+    filled_as(SHAPE, tokens, |v| v)
+}
+
+/// `filled` in a cache of `shape`, each number `row_value` passed through `f`.
+fn filled_as(shape: KvShape, tokens: &[u32], f: impl Fn(f32) -> f32) -> KvCache {
+    let mut c = KvCache::new(shape, 256);
+    for layer in 0..shape.n_layer {
         for p in 0..tokens.len() {
             let key: Vec<f32> = (0..4)
-                .map(|i| row_value(tokens, p, layer * 8 + i))
+                .map(|i| f(row_value(tokens, p, layer * 8 + i)))
                 .collect();
             let value: Vec<f32> = (0..4)
-                .map(|i| row_value(tokens, p, layer * 8 + 4 + i))
+                .map(|i| f(row_value(tokens, p, layer * 8 + 4 + i)))
                 .collect();
             c.write(layer, p, &key, &value);
         }
@@ -37,15 +45,46 @@ fn filled(tokens: &[u32]) -> KvCache {
 /// Checks that the first `n` positions of `c` hold the rows of `tokens`.
 fn assert_rows_of(c: &KvCache, tokens: &[u32], n: usize) {
     assert_eq!(c.len(), n);
-    let floats = SHAPE.floats_per_position();
-    let (mut got, mut want) = (vec![0.0; n * floats], vec![0.0; n * floats]);
+    let bytes = SHAPE.bytes_per_position();
+    let (mut got, mut want) = (vec![0u8; n * bytes], vec![0u8; n * bytes]);
     c.take_rows(0, n, &mut got);
     filled(&tokens[..n]).take_rows(0, n, &mut want);
     assert_eq!(got, want);
 }
 
 fn empty() -> KvCache {
-    KvCache::new(SHAPE.n_layer, SHAPE.kv_dim, SHAPE.hd, 256)
+    KvCache::new(SHAPE, 256)
+}
+
+/// An f16 cache's blocks take half the bytes and come back as the very numbers it stored; a
+/// cache of the other number type is refused.
+#[test]
+fn f16_rows_come_back_as_stored() {
+    let half = KvShape {
+        dtype: KvDtype::F16,
+        ..SHAPE
+    };
+    // Numbers with more bits than f16 holds: the cache rounds them once, as written.
+    let third = |v: f32| v / 3.0e4;
+    let tokens: Vec<u32> = (0..40).collect();
+    let mut pc = PrefixCache::new(half, 1 << 20);
+    assert_eq!(
+        pc.block_bytes() * 2,
+        PrefixCache::new(SHAPE, 0).block_bytes()
+    );
+    let source = filled_as(half, &tokens, third);
+    pc.insert(0, &tokens, &source);
+    let mut c = KvCache::new(half, 256);
+    assert_eq!(pc.lookup_into(0, &tokens, 39, &mut c), 32);
+    let n = 32 * half.bytes_per_position();
+    let (mut got, mut want) = (vec![0u8; n], vec![0u8; n]);
+    c.take_rows(0, 32, &mut got);
+    source.take_rows(0, 32, &mut want);
+    assert_eq!(got, want);
+    let refused = std::panic::catch_unwind(move || {
+        pc.lookup_into(0, &tokens, 39, &mut empty());
+    });
+    assert!(refused.is_err(), "an f32 cache took f16 rows");
 }
 
 #[test]

@@ -191,7 +191,9 @@ class LLM:
     pld's defaults and `{"num_speculative_tokens": 0}` turns speculation off. `max_model_len`
     caps each sequence's context; `threads` sizes the compute pool (all cores by default; the
     first LLM of a process sets it); `max_num_seqs` caps the sequences of one batch;
-    `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory).
+    `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory);
+    `kv_cache_dtype` is what the KV cache stores keys and values as: "f16" (half the memory and
+    the bytes attention reads), "f32", or "auto" (f16, f32 only for f32 weights).
     """
 
     def __init__(
@@ -202,15 +204,21 @@ class LLM:
         threads: Optional[int] = None,
         max_num_seqs: int = 16,
         prefix_cache_bytes: Optional[int] = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         spec = None if speculative_config is None else json.dumps(speculative_config)
         self._engine = _native.Engine(
-            model, spec, max_model_len, threads, max_num_seqs, prefix_cache_bytes
+            model, spec, max_model_len, threads, max_num_seqs, prefix_cache_bytes, kv_cache_dtype
         )
 
     @property
     def model_name(self) -> str:
         return self._engine.name
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """What the KV cache stores keys and values as: "f16" or "f32"."""
+        return self._engine.kv_cache_dtype
 
     @property
     def speculative_config(self) -> Dict[str, Any]:

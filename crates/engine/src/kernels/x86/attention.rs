@@ -1,15 +1,35 @@
 //! Attention of query heads over one key/value head, for one or several consecutive rows of a
 //! sequence at once, written once over the register width (`width::Width`): 512-bit registers on
-//! AVX-512, 256-bit ones on AVX2.
+//! AVX-512, 256-bit ones on AVX2. Keys and values are f32 or f16 (`KvElem`), widened to f32
+//! lanes as they are loaded.
 
 // The tiles address several arrays and pointers by row (or column) index. They keep their index
 // loops: iterator forms change the code generated for these kernels.
 #![allow(clippy::needless_range_loop)]
 
 use super::width::{Width, Ymm, Zmm};
-use crate::kernels::attention::{softmax_visible, TreeMask};
-use crate::kernels::KvHead;
+use crate::kernels::attention::{softmax_visible, KvElem, KvOf, TreeMask};
 use std::arch::x86_64::*;
+
+/// `W::LANES` consecutive cached numbers from `p` in the f32 lanes of one register.
+///
+/// # Safety
+/// `p` is valid for `W::LANES` numbers; called from a function compiled for `W`'s instructions
+/// and F16C.
+#[inline(always)]
+unsafe fn lanes<W: Width, E: KvElem>(p: *const E) -> W::F {
+    if E::HALF {
+        W::f16s(p as *const u8)
+    } else {
+        W::loadf(p as *const f32)
+    }
+}
+
+/// Cache lines that `n` numbers of type `E` span.
+#[inline(always)]
+fn lines_of<E>(n: usize) -> usize {
+    (n * std::mem::size_of::<E>()).div_ceil(64)
+}
 
 /// How many positions ahead the first tile of a block prefetches keys and values (into L2). Each
 /// block reads `hd` rows of transposed keys far apart, more streams than the hardware prefetchers
@@ -29,7 +49,7 @@ fn prefetch_ahead(t0: usize, len: usize) -> usize {
 
 /// Prefetches the `lines` cache lines from `p` into L2.
 #[inline(always)]
-unsafe fn prefetch(p: *const f32, lines: usize) {
+unsafe fn prefetch<E>(p: *const E, lines: usize) {
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T1>((p as *const i8).wrapping_add(64 * l));
     }
@@ -41,10 +61,10 @@ unsafe fn prefetch(p: *const f32, lines: usize) {
 /// whatever else shares the tile. `ahead`: the positions ahead to prefetch, 0 for none.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores_tile<W: Width, const Q: usize, const P: usize>(
+unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
     qs: &[*const f32; 6],
     outs: &[*mut f32; 6],
-    pk: *const f32,
+    pk: *const E,
     ks: usize,
     hd: usize,
     t0: usize,
@@ -55,7 +75,7 @@ unsafe fn scores_tile<W: Width, const Q: usize, const P: usize>(
     for i in 0..hd {
         let k = pk.add(i * ks + t0);
         if ahead > 0 {
-            prefetch(k.wrapping_add(ahead), P * W::LANES / 16);
+            prefetch(k.wrapping_add(ahead), lines_of::<E>(P * W::LANES));
         }
         // The query elements broadcast once, then one key vector at a time: Q broadcasts, one
         // key and the accumulators in registers.
@@ -64,7 +84,7 @@ unsafe fn scores_tile<W: Width, const Q: usize, const P: usize>(
             qi[j] = W::splat(*qs[j].add(i));
         }
         for p in 0..P {
-            let key = W::loadf(k.add(W::LANES * p));
+            let key = lanes::<W, E>(k.add(W::LANES * p));
             for j in 0..Q {
                 acc[j][p] = W::fmadd(qi[j], key, acc[j][p]);
             }
@@ -80,11 +100,11 @@ unsafe fn scores_tile<W: Width, const Q: usize, const P: usize>(
 /// `scores_tile` for `n` (1..=6) queries.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores_tiles<W: Width, const P: usize>(
+unsafe fn scores_tiles<W: Width, E: KvElem, const P: usize>(
     n: usize,
     qs: &[*const f32; 6],
     outs: &[*mut f32; 6],
-    pk: *const f32,
+    pk: *const E,
     ks: usize,
     hd: usize,
     t0: usize,
@@ -92,12 +112,12 @@ unsafe fn scores_tiles<W: Width, const P: usize>(
     ahead: usize,
 ) {
     match n {
-        1 => scores_tile::<W, 1, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        2 => scores_tile::<W, 2, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        3 => scores_tile::<W, 3, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        4 => scores_tile::<W, 4, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        5 => scores_tile::<W, 5, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        _ => scores_tile::<W, 6, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        1 => scores_tile::<W, E, 1, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        2 => scores_tile::<W, E, 2, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        3 => scores_tile::<W, E, 3, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        4 => scores_tile::<W, E, 4, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        5 => scores_tile::<W, E, 5, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        _ => scores_tile::<W, E, 6, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
     }
 }
 
@@ -107,10 +127,10 @@ unsafe fn scores_tiles<W: Width, const P: usize>(
 /// positions in order, whatever else shares the tile. `ahead`: positions ahead to prefetch.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn values_tile<W: Width, const Q: usize, const V: usize>(
+unsafe fn values_tile<W: Width, E: KvElem, const Q: usize, const V: usize>(
     ws: &[*const f32],
     outs: &[*mut f32],
-    pv: *const f32,
+    pv: *const E,
     stride: usize,
     i0: usize,
     (t0, t1): (usize, usize),
@@ -128,14 +148,14 @@ unsafe fn values_tile<W: Width, const Q: usize, const V: usize>(
     for t in t0..t1 {
         let v = pv.add(t * stride + i0);
         if ahead > 0 {
-            prefetch(v.wrapping_add(ahead * stride), (V * W::LANES).div_ceil(16));
+            prefetch(v.wrapping_add(ahead * stride), lines_of::<E>(V * W::LANES));
         }
         let mut w = [W::zero_f(); Q];
         for j in 0..Q {
             w[j] = W::splat(*ws[j].add(t));
         }
         for c in 0..V {
-            let x = W::loadf(v.add(W::LANES * c));
+            let x = lanes::<W, E>(v.add(W::LANES * c));
             for j in 0..Q {
                 acc[j][c] = W::fmadd(w[j], x, acc[j][c]);
             }
@@ -152,10 +172,10 @@ unsafe fn values_tile<W: Width, const Q: usize, const V: usize>(
 /// (`ACC`: the accumulators the width's registers hold beside a value and the weights).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn values_tiles<W: Width, const ACC: usize, const V: usize>(
+unsafe fn values_tiles<W: Width, E: KvElem, const ACC: usize, const V: usize>(
     ws: &[*const f32],
     outs: &[*mut f32],
-    pv: *const f32,
+    pv: *const E,
     stride: usize,
     i0: usize,
     span: (usize, usize),
@@ -168,12 +188,12 @@ unsafe fn values_tiles<W: Width, const ACC: usize, const V: usize>(
         let (w, o) = (&ws[j0..j1], &outs[j0..j1]);
         let ahead = if j0 == 0 { ahead } else { 0 };
         match j1 - j0 {
-            1 => values_tile::<W, 1, V>(w, o, pv, stride, i0, span, first, ahead),
-            2 => values_tile::<W, 2, V>(w, o, pv, stride, i0, span, first, ahead),
-            3 => values_tile::<W, 3, V>(w, o, pv, stride, i0, span, first, ahead),
-            4 => values_tile::<W, 4, V>(w, o, pv, stride, i0, span, first, ahead),
-            5 => values_tile::<W, 5, V>(w, o, pv, stride, i0, span, first, ahead),
-            _ => values_tile::<W, 6, V>(w, o, pv, stride, i0, span, first, ahead),
+            1 => values_tile::<W, E, 1, V>(w, o, pv, stride, i0, span, first, ahead),
+            2 => values_tile::<W, E, 2, V>(w, o, pv, stride, i0, span, first, ahead),
+            3 => values_tile::<W, E, 3, V>(w, o, pv, stride, i0, span, first, ahead),
+            4 => values_tile::<W, E, 4, V>(w, o, pv, stride, i0, span, first, ahead),
+            5 => values_tile::<W, E, 5, V>(w, o, pv, stride, i0, span, first, ahead),
+            _ => values_tile::<W, E, 6, V>(w, o, pv, stride, i0, span, first, ahead),
         }
     }
 }
@@ -192,11 +212,17 @@ unsafe fn values_tiles<W: Width, const ACC: usize, const V: usize>(
 /// bounds are those `kernels::attend_rows` checks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC: usize>(
+unsafe fn attend_rows_wide<
+    W: Width,
+    E: KvElem,
+    const QS: usize,
+    const P: usize,
+    const ACC: usize,
+>(
     q: &[f32],
     q_stride: usize,
     rows: usize,
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
     scores: &mut [f32],
@@ -207,7 +233,7 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
         group: out.len() / rows / kv.hd,
         len: kv.len,
     };
-    scores_of::<W, QS, P>(q, q_stride, shape, kv, scale, scores);
+    scores_of::<W, E, QS, P>(q, q_stride, shape, kv, scale, scores);
     for j in 0..rows * shape.group {
         let r = j / shape.group;
         let n = shape.row_len(r);
@@ -216,7 +242,7 @@ unsafe fn attend_rows_wide<W: Width, const QS: usize, const P: usize, const ACC:
             tree.map(|m| m.row(r)),
         );
     }
-    values_of::<W, P, ACC>(shape, kv, scores, out);
+    values_of::<W, E, P, ACC>(shape, kv, scores, out);
 }
 
 /// The rows of one call: `group` query heads each; row `r` sees the first `row_len(r)` of the
@@ -237,11 +263,11 @@ impl Shape {
 
 /// Every query's scaled scores against the positions its row sees, into `scores`.
 #[inline(always)]
-unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
+unsafe fn scores_of<W: Width, E: KvElem, const QS: usize, const P: usize>(
     q: &[f32],
     q_stride: usize,
     shape: Shape,
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scale: f32,
     scores: &mut [f32],
 ) {
@@ -269,11 +295,11 @@ unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
             }
             let pf = if j0 == 0 { prefetch_ahead(t0, len) } else { 0 };
             if vectors == P {
-                scores_tiles::<W, P>(j1 - j0, &qs, &os, pk, ks, hd, t0, vscale, pf);
+                scores_tiles::<W, E, P>(j1 - j0, &qs, &os, pk, ks, hd, t0, vscale, pf);
             } else {
                 for v in 0..vectors {
                     let t = t0 + v * W::LANES;
-                    scores_tiles::<W, 1>(j1 - j0, &qs, &os, pk, ks, hd, t, vscale, 0);
+                    scores_tiles::<W, E, 1>(j1 - j0, &qs, &os, pk, ks, hd, t, vscale, 0);
                 }
             }
         }
@@ -283,7 +309,7 @@ unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
         for t in whole..shape.row_len(j / group) {
             let mut acc = 0f32;
             for i in 0..hd {
-                acc = (*pq.add(i)).mul_add(*pk.add(i * ks + t), acc);
+                acc = (*pq.add(i)).mul_add((*pk.add(i * ks + t)).to_f32(), acc);
             }
             *sp.add(j * len + t) = acc * scale;
         }
@@ -293,9 +319,9 @@ unsafe fn scores_of<W: Width, const QS: usize, const P: usize>(
 /// Every query's weighted sum of the values (weights in `scores`), into `out`: in blocks of
 /// positions, the partial sums waiting in `out` between blocks.
 #[inline(always)]
-unsafe fn values_of<W: Width, const P: usize, const ACC: usize>(
+unsafe fn values_of<W: Width, E: KvElem, const P: usize, const ACC: usize>(
     shape: Shape,
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scores: &[f32],
     out: &mut [f32],
 ) {
@@ -332,16 +358,16 @@ unsafe fn values_of<W: Width, const P: usize, const ACC: usize>(
                     let w = (hd - i0) / W::LANES;
                     let pf = if i0 == 0 { pf } else { 0 };
                     if w >= 8 && ACC >= 24 {
-                        values_tiles::<W, ACC, 8>(ws, os, pv, stride, i0, span, first, pf);
+                        values_tiles::<W, E, ACC, 8>(ws, os, pv, stride, i0, span, first, pf);
                         i0 += 8 * W::LANES;
                     } else if w >= 4 {
-                        values_tiles::<W, ACC, 4>(ws, os, pv, stride, i0, span, first, pf);
+                        values_tiles::<W, E, ACC, 4>(ws, os, pv, stride, i0, span, first, pf);
                         i0 += 4 * W::LANES;
                     } else if w >= 2 {
-                        values_tiles::<W, ACC, 2>(ws, os, pv, stride, i0, span, first, pf);
+                        values_tiles::<W, E, ACC, 2>(ws, os, pv, stride, i0, span, first, pf);
                         i0 += 2 * W::LANES;
                     } else {
-                        values_tiles::<W, ACC, 1>(ws, os, pv, stride, i0, span, first, pf);
+                        values_tiles::<W, E, ACC, 1>(ws, os, pv, stride, i0, span, first, pf);
                         i0 += W::LANES;
                     }
                 }
@@ -353,40 +379,40 @@ unsafe fn values_of<W: Width, const P: usize, const ACC: usize>(
 /// `kernels::attend_rows` with 512-bit registers (score tiles of six queries, 24 accumulators).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F (and AVX2, FMA); `hd % 16 == 0`; the bounds are those
-/// `kernels::attend_rows` checks.
+/// The CPU must have AVX-512 F, BW and VL (and AVX2, FMA, F16C); `hd % 16 == 0`; the bounds
+/// are those `kernels::attend_rows` checks.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn attend_rows_avx512(
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     q: &[f32],
     q_stride: usize,
     rows: usize,
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Zmm, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scores, out)
+    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scores, out)
 }
 
 /// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
 /// value tiles of 12 accumulators: sixteen registers in all).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the bounds are those `kernels::attend_rows`
-/// checks.
+/// The CPU must have AVX2, FMA and F16C; `hd % 8 == 0`; the bounds are those
+/// `kernels::attend_rows` checks.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn attend_rows_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     q: &[f32],
     q_stride: usize,
     rows: usize,
-    kv: KvHead<'_>,
+    kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Ymm<false>, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scores, out)
+    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scores, out)
 }
