@@ -118,10 +118,12 @@ impl KvCache {
         let per_line = 64 / dtype.bytes();
         let key_stride = per_line * (capacity.div_ceil(per_line) | 1);
         let (nk, nv) = (n_layer * kv_dim * key_stride, n_layer * capacity * kv_dim);
+        // Zeroed allocations (`vec![0.0; n]` is one for f32; `vec![f16::ZERO; n]` would write
+        // every number, committing the whole capacity at once).
         let store = match dtype {
             KvDtype::F16 => Store::F16 {
-                keys: vec![f16::ZERO; nk],
-                values: vec![f16::ZERO; nv],
+                keys: bytemuck::zeroed_vec(nk),
+                values: bytemuck::zeroed_vec(nv),
             },
             KvDtype::F32 => Store::F32 {
                 keys: vec![0.0; nk],
