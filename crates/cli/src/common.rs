@@ -33,7 +33,7 @@ pub fn load_model(spec: &str, kv: &KvCacheArgs) -> anyhow::Result<engine::Loaded
 pub struct KvCacheArgs {
     /// Number type of the cached keys and values: f16 takes half the memory and half the bytes
     /// attention reads at long context (llama.cpp's default cache); f32 keeps every digit the
-    /// pass computed. auto: f16 (f32 only where the weights are held in f32).
+    /// pass computed. auto: f32.
     #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
 }

@@ -424,7 +424,7 @@ fn bench_forward_json_has_the_documented_fields() {
         "--threads",
         "1,2",
         "--kv-cache-dtype",
-        "f32",
+        "f16",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -485,10 +485,10 @@ fn bench_forward_json_has_the_documented_fields() {
         }
         assert_eq!(r["prefill_tokens"], 48);
         assert!(r["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
-        // smollm2-135m: 30 layers, 3 KV heads of 64; f32 keys and values (as asked, in every
+        // smollm2-135m: 30 layers, 3 KV heads of 64; f16 keys and values (as asked, in every
         // child process too) of 32 positions, and 9 query heads of 64 scoring and summing 33.
-        assert_eq!(r["kv_cache_dtype"], "f32");
-        assert_eq!(r["cache_bytes_per_token"], 30 * 2 * 4 * 192 * 32);
+        assert_eq!(r["kv_cache_dtype"], "f16");
+        assert_eq!(r["cache_bytes_per_token"], 30 * 2 * 2 * 192 * 32);
         assert_eq!(r["attention_macs_per_token"], 30 * 2 * 576 * 33);
     }
 }

@@ -165,21 +165,8 @@ impl Model {
             token_embd,
             layers,
             output,
-            kv_dtype: KvDtype::F16,
-        }
-        .with_default_kv_dtype())
-    }
-
-    /// The model with the cache number type its weights call for: f32 where every matrix is f32
-    /// (their logits are held to a float reference, and f16 keys would cost them digits), f16
-    /// wherever a product rounds anyway (quantized or f16 weights quantize or round their
-    /// activations): half the cache's memory and traffic, as llama.cpp's default cache.
-    fn with_default_kv_dtype(mut self) -> Model {
-        let all_f32 = self
-            .token_matrices()
-            .all(|m| m.dtype == candle_core::quantized::GgmlDType::F32);
-        self.kv_dtype = if all_f32 { KvDtype::F32 } else { KvDtype::F16 };
-        self
+            kv_dtype: KvDtype::default(),
+        })
     }
 
     /// Bytes of weights one decode step reads: every layer matrix and the output head (the
@@ -249,8 +236,7 @@ impl Model {
         }
     }
 
-    /// What the caches `new_cache` makes from now on store keys and values as (by default f32
-    /// for f32 weights, else f16).
+    /// What the caches `new_cache` makes from now on store keys and values as (f32 by default).
     pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
         self.kv_dtype = dtype;
     }

@@ -169,11 +169,11 @@ def test_bad_settings_raise_value_errors_naming_the_field():
         LLM("smollm2-135m", kv_cache_dtype="fp8")
 
 
-def test_an_f32_cache_is_asked_for_by_vllms_name(llm):
-    assert llm.kv_cache_dtype == "f16"
-    wide = LLM("smollm2-135m", kv_cache_dtype="f32", threads=2)
-    assert wide.kv_cache_dtype == "f32"
-    out = wide.generate(PROMPT, greedy(16), use_tqdm=False)[0]
+def test_an_f16_cache_is_asked_for_by_vllms_name(llm):
+    assert llm.kv_cache_dtype == "f32"
+    half = LLM("smollm2-135m", kv_cache_dtype="f16", threads=2)
+    assert half.kv_cache_dtype == "f16"
+    out = half.generate(PROMPT, greedy(16), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 16
 
 

@@ -193,7 +193,7 @@ class LLM:
     first LLM of a process sets it); `max_num_seqs` caps the sequences of one batch;
     `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory);
     `kv_cache_dtype` is what the KV cache stores keys and values as: "f16" (half the memory and
-    the bytes attention reads), "f32", or "auto" (f16, f32 only for f32 weights).
+    the bytes attention reads), "f32", or "auto" (f32).
     """
 
     def __init__(
