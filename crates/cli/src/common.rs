@@ -57,13 +57,12 @@ impl KvCacheDtype {
         }
     }
 
-    /// As the flag spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvCacheDtype::Auto => "auto",
-            KvCacheDtype::F16 => "f16",
-            KvCacheDtype::F32 => "f32",
-        }
+    /// As the flag spells it (clap's name for the value).
+    pub fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     }
 }
 

@@ -257,8 +257,8 @@ impl KvCache {
         }
         let (key_spans, value_spans) = self.spans(start, n);
         let (out_keys, out_values) = out.split_at_mut(out.len() / 2);
+        let size = self.shape().dtype.bytes();
         on_store!(&self.store, |keys, values| {
-            let size = std::mem::size_of_val(&keys[0]);
             for (chunk, r) in out_keys.chunks_exact_mut(n * size).zip(key_spans) {
                 chunk.copy_from_slice(bytemuck::cast_slice(&keys[r]));
             }
@@ -282,9 +282,8 @@ impl KvCache {
         }
         let (key_spans, value_spans) = self.spans(start, n);
         let (in_keys, in_values) = rows.split_at(rows.len() / 2);
-        let hd = self.hd;
+        let (hd, size) = (self.hd, self.shape().dtype.bytes());
         on_store!(&mut self.store, |keys, values| {
-            let size = std::mem::size_of_val(&keys[0]);
             for (chunk, r) in in_keys.chunks_exact(n * size).zip(key_spans) {
                 bytemuck::cast_slice_mut(&mut keys[r]).copy_from_slice(chunk);
             }

@@ -164,7 +164,12 @@ fn tiny_logits_as_served_stay_near_transformers() {
 fn the_cache_number_type_is_f32_unless_told() {
     for (r, mut lm) in models().into_iter().chain(models_f32()) {
         assert_eq!(lm.model.kv_shape().dtype, KvDtype::F32, "{}", r.name);
-        assert_eq!(lm.model.new_cache(8).shape().dtype, KvDtype::F32, "{}", r.name);
+        assert_eq!(
+            lm.model.new_cache(8).shape().dtype,
+            KvDtype::F32,
+            "{}",
+            r.name
+        );
         lm.model.set_kv_dtype(KvDtype::F16);
         assert_eq!(lm.model.new_cache(8).shape().dtype, KvDtype::F16);
     }
