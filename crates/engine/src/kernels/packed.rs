@@ -296,28 +296,29 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
             };
             let bi = row * acts.k / 256 + s;
             let dx = acts.d[bi];
-            let mut sb = 0f32;
+            // Each super-block in integers (scales times sub-block sums), then floats once.
+            let d = f16_at(blk, PACKED_D + 2 * l);
             match p.format {
                 Format::Q4K => {
-                    let d = f16_at(blk, PACKED_D + 2 * l);
                     let dmin = f16_at(blk, q4k::PACKED_DMIN + 2 * l);
+                    let (mut isum, mut msum) = (0i32, 0i32);
                     for j in 0..8 {
-                        let sc = d * blk[q4k::PACKED_SCALES + 16 * j + l] as f32;
-                        let mn = dmin * blk[q4k::PACKED_MINS + 16 * j + l] as f32;
-                        sb += dot(32 * j, 32) as f32 * sc;
-                        acc -= mn * acts.ds[(row * acts.k + s * 256) / 32 + j];
+                        isum += blk[q4k::PACKED_SCALES + 16 * j + l] as i32 * dot(32 * j, 32);
+                        let sum = acts.isums16[(row * acts.k + s * 256) / 32 + j] as i32;
+                        msum += blk[q4k::PACKED_MINS + 16 * j + l] as i32 * sum;
                     }
+                    acc = (isum as f32).mul_add(d * dx, acc);
+                    acc = (-(msum as f32)).mul_add(dmin * dx, acc);
                 }
                 _ => {
-                    let d = f16_at(blk, PACKED_D + 2 * l);
+                    let mut isum = 0i32;
                     for t in 0..16 {
-                        let sc = d * blk[q6k::PACKED_SCALES + 16 * t + l] as i8 as f32;
-                        let a = dot(16 * t, 16) - 32 * acts.bsums[bi * 16 + t] as i32;
-                        sb += a as f32 * sc;
+                        let sc = blk[q6k::PACKED_SCALES + 16 * t + l] as i8 as i32;
+                        isum += sc * (dot(16 * t, 16) - 32 * acts.bsums[bi * 16 + t] as i32);
                     }
+                    acc = (isum as f32).mul_add(d * dx, acc);
                 }
             }
-            acc += sb * dx;
         }
         *o = acc;
     }

@@ -49,12 +49,15 @@ impl RowTiles for Zmm {
 }
 
 impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
-    // Four rows: each keeps a float sum, a super-block sum and an integer sum in registers, which
-    // with the weights, the broadcast and the mask is the sixteen AVX2 has.
-    const TILE: usize = 4;
+    // Six rows: each keeps two integer sums in registers (16-bit pairs and 32-bit totals, or with
+    // VNNI the sub-block's and the super-block's), which with the weights, the broadcast and the
+    // mask is the sixteen AVX2 has; the K-quants keep their float sums in memory (`update`).
+    const TILE: usize = 6;
     #[inline(always)]
     unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize) {
         match n {
+            6 => t.run::<Self, VNNI, 6>(r),
+            5 => t.run::<Self, VNNI, 5>(r),
             4 => t.run::<Self, VNNI, 4>(r),
             3 => t.run::<Self, VNNI, 3>(r),
             2 => t.run::<Self, VNNI, 2>(r),
@@ -80,10 +83,15 @@ unsafe fn prefetch_lines(p: *const u8, n: usize) {
 /// it is one `vpmaddubsw`, whose 16-bit pairs are added in 16 bits (`pending`) and widened to 32 by
 /// one `vpmaddwd` at each `flush`: every format flushes before its pairs could leave 16 bits, so
 /// the sums are exact and the same as with VNNI.
+///
+/// The K-quants apply each sub-block's integer scale to its integer sums before any float (see
+/// `flush_scaled`), so a super-block ends as one exact integer per row and lane (`scaled_total`).
 struct Sums<W: Width, const VNNI: bool, const MR: usize> {
     a: [W::I; MR],
     a2: [W::I; MR],
     pending: [W::I; MR],
+    /// With VNNI: the scaled sums of the sub-blocks done (without, `a` holds them).
+    scaled: [W::I; MR],
 }
 
 /// Steps of `vpmaddubsw` pairs that fit in 16 bits for weights up to `max_weight` against
@@ -101,6 +109,7 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
             a: [W::zero(); MR],
             a2: [W::zero(); MR],
             pending: [W::zero(); MR],
+            scaled: [W::zero(); MR],
         }
     }
 
@@ -142,6 +151,50 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
             W::add32(self.a[r], self.a2[r])
         } else {
             self.a[r]
+        }
+    }
+    /// Without VNNI: the pending pairs times the sub-block's scale `sc16` (as `pair16(sc, sc)`),
+    /// widened into the running sum by the one `vpmaddwd` that `flush` would use.
+    #[inline(always)]
+    unsafe fn flush_scaled(&mut self, sc16: W::I) {
+        if !VNNI {
+            for r in 0..MR {
+                self.a[r] = W::add32(self.a[r], W::madd16(self.pending[r], sc16));
+                self.pending[r] = W::zero();
+            }
+        }
+    }
+
+    /// End of a sub-block of scale `sc` (32-bit lanes): with VNNI its sums times `sc` join the
+    /// scaled total and start again from zero; without, `flush_scaled` did it already.
+    #[inline(always)]
+    unsafe fn end_sub_block(&mut self, sc: W::I) {
+        if VNNI {
+            for r in 0..MR {
+                self.scaled[r] = W::add32(self.scaled[r], W::mullo32(self.total(r), sc));
+                self.a[r] = W::zero();
+                self.a2[r] = W::zero();
+            }
+        }
+    }
+
+    /// Row `r`'s sum of every sub-block's scaled sums so far.
+    #[inline(always)]
+    unsafe fn scaled_total(&self, r: usize) -> W::I {
+        if VNNI {
+            self.scaled[r]
+        } else {
+            self.a[r]
+        }
+    }
+
+    /// Adds `v` to row `r`'s scaled total.
+    #[inline(always)]
+    unsafe fn add_scaled(&mut self, r: usize, v: W::I) {
+        if VNNI {
+            self.scaled[r] = W::add32(self.scaled[r], v);
+        } else {
+            self.a[r] = W::add32(self.a[r], v);
         }
     }
 }
@@ -219,21 +272,14 @@ impl Tile<'_> {
         acc
     }
 
-    /// End of a K-quant super-block: each row's scaled sum times its activation scale.
+    /// Row `r`'s results after unit `s`: `f` of what the units before left (zero before the
+    /// first). The K-quants keep them in memory, touched once per unit, which leaves the
+    /// registers to the integer sums.
     #[inline(always)]
-    unsafe fn add_super_block<W: Width, const MR: usize>(
-        &self,
-        acc: &mut [W::F; MR],
-        sbacc: &[W::F; MR],
-        s: usize,
-    ) {
-        for r in 0..MR {
-            let dx = *self
-                .acts
-                .d
-                .get_unchecked((self.r0 + r) * self.acts.k / 256 + s);
-            acc[r] = W::fmadd(sbacc[r], W::splat(dx), acc[r]);
-        }
+    unsafe fn update<W: Width>(&self, r: usize, s: usize, f: impl FnOnce(W::F) -> W::F) {
+        let p = self.out.add(r * self.stride);
+        let prev = if s == 0 { W::zero_f() } else { W::loadf(p) };
+        W::store(p, f(prev));
     }
 
     #[inline(always)]
@@ -244,26 +290,22 @@ impl Tile<'_> {
     }
 }
 
-/// Packed Q4_K (see `packed`).
+/// Packed Q4_K (see `packed`). Per super-block and row, all in integers: the sum over sub-blocks
+/// of the scale times the sub-block's products, and of the minimum times the sub-block's
+/// activation sum; then `d` and `dmin` times the activation scale take each to floats once.
 #[inline(always)]
 unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
-    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
         let blk = at.group.as_ptr().add(s * q4k::PACKED_BYTES);
-        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
-        let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
-        let mut sbacc = [W::zero_f(); MR];
+        let mut sums = Sums::<W, VNNI, MR>::new();
         for j in 0..8 {
             let qs = blk.add(q4k::PACKED_QS + 256 * j + 4 * l0);
             // The next super-block, spread over this one's eight steps (37 lines).
             at.prefetch(blk.wrapping_add(q4k::PACKED_BYTES + 320 * j), 5);
-            let sc = W::u8s(blk.add(q4k::PACKED_SCALES + 16 * j + l0));
-            let mn = W::u8s(blk.add(q4k::PACKED_MINS + 16 * j + l0));
-            let mut sums = Sums::<W, VNNI, MR>::new();
             const { assert!(steps_in_16_bits(15) >= 8) };
             for u in 0..4 {
                 let v = W::load(qs.add(64 * u));
@@ -272,18 +314,33 @@ unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
                 let x = q.add(at.r0 * k + s * 256 + 32 * j + 8 * u);
                 nibble_step(&mut sums, lo, hi, x, k);
             }
-            sums.flush();
-            let sc = W::mul(sc, d);
-            let mn = W::mul(mn, dmin);
-            for r in 0..MR {
-                sbacc[r] = W::fmadd(W::cvt(sums.total(r)), sc, sbacc[r]);
-                let ds = *acts.ds.get_unchecked(((at.r0 + r) * k + s * 256) / 32 + j);
-                acc[r] = W::fnmadd(mn, W::splat(ds), acc[r]);
-            }
+            let sc = W::u8s_i32(blk.add(q4k::PACKED_SCALES + 16 * j + l0));
+            sums.flush_scaled(W::pair16(sc, sc));
+            sums.end_sub_block(sc);
         }
-        at.add_super_block::<W, MR>(&mut acc, &sbacc, s);
+        // The minimums, two sub-blocks to a `vpmaddwd` against two activation sums.
+        let mins = blk.add(q4k::PACKED_MINS + l0);
+        let mn: [W::I; 4] = std::array::from_fn(|i| {
+            W::pair16(
+                W::u8s_i32(mins.add(32 * i)),
+                W::u8s_i32(mins.add(32 * i + 16)),
+            )
+        });
+        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
+        let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
+        for r in 0..MR {
+            let sums16 = acts.isums16.as_ptr().add(((at.r0 + r) * k + s * 256) / 32) as *const i8;
+            let mut m = W::madd16(mn[0], W::bcast4(sums16));
+            for i in 1..4 {
+                m = W::add32(m, W::madd16(mn[i], W::bcast4(sums16.add(4 * i))));
+            }
+            let dx = W::splat(*acts.d.get_unchecked((at.r0 + r) * k / 256 + s));
+            at.update::<W>(r, s, |acc| {
+                let acc = W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc);
+                W::fnmadd(W::cvt(m), W::mul(dmin, dx), acc)
+            });
+        }
     }
-    at.store::<W, MR>(&acc);
 }
 
 /// The top two bits of four columns, from bits `2i..2i + 2` of each byte of `h`, moved to bits 4
@@ -299,25 +356,26 @@ unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
     }
 }
 
-/// Packed Q6_K (see `packed`).
+/// Packed Q6_K (see `packed`). As Q4_K, a super-block's sums are one integer per row and lane
+/// before any float: the scale times each sub-block's products, less 32 times the scale times its
+/// activation sum (the values are stored plus 32).
 #[inline(always)]
 unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
-    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
         let blk = at.group.as_ptr().add(s * q6k::PACKED_BYTES);
-        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
-        let mut sbacc = [W::zero_f(); MR];
+        let scales = blk.add(q6k::PACKED_SCALES + l0);
+        let mut sums = Sums::<W, VNNI, MR>::new();
         for t in 0..16 {
             let ql = blk.add(q6k::PACKED_QL + 128 * t + 4 * l0);
             // The next super-block, spread over this one's sixteen steps (53 lines).
             at.prefetch(blk.wrapping_add(q6k::PACKED_BYTES + 256 * t), 4);
             let h = W::load(blk.add(q6k::PACKED_QH + 64 * t + 4 * l0));
-            let sc = W::i8s(blk.add(q6k::PACKED_SCALES + 16 * t + l0));
-            let mut sums = Sums::<W, VNNI, MR>::new();
+            let sc = W::i8s_i32(scales.add(16 * t));
+            let sc16 = W::pair16(sc, sc);
             // Values up to 63: two steps to a flush.
             const { assert!(steps_in_16_bits(63) >= 2) };
             for u in 0..2 {
@@ -331,21 +389,31 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
                 let hi = W::or(W::and(W::shr16::<4>(v), low), hh);
                 let x = q.add(at.r0 * k + s * 256 + 16 * t + 8 * u);
                 nibble_step(&mut sums, lo, hi, x, k);
-                sums.flush();
+                sums.flush_scaled(sc16);
             }
-            let sc = W::mul(sc, d);
+            sums.end_sub_block(sc);
+        }
+        // The offsets: -32 times the scale, two sub-blocks to a `vpmaddwd` against two
+        // activation sums.
+        for i in 0..8 {
+            let neg = |o: usize| W::sub32(W::zero(), W::shl32::<5>(W::i8s_i32(scales.add(o))));
+            let sc = W::pair16(neg(32 * i), neg(32 * i + 16));
             for r in 0..MR {
-                // The values are stored plus 32: take 32 times the activation sum back out.
-                let off = *acts
-                    .bsums_x32
-                    .get_unchecked(((at.r0 + r) * k + s * 256) / 16 + t);
-                let sum = W::sub32(sums.total(r), W::splat32(off));
-                sbacc[r] = W::fmadd(W::cvt(sum), sc, sbacc[r]);
+                let b = acts
+                    .bsums
+                    .as_ptr()
+                    .add(((at.r0 + r) * k + s * 256) / 16 + 2 * i);
+                sums.add_scaled(r, W::madd16(sc, W::bcast4(b as *const i8)));
             }
         }
-        at.add_super_block::<W, MR>(&mut acc, &sbacc, s);
+        let d = W::f16s(blk.add(PACKED_D + 2 * l0));
+        for r in 0..MR {
+            let dx = W::splat(*acts.d.get_unchecked((at.r0 + r) * k / 256 + s));
+            at.update::<W>(r, s, |acc| {
+                W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc)
+            });
+        }
     }
-    at.store::<W, MR>(&acc);
 }
 
 /// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
@@ -491,8 +559,14 @@ unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
                 out: out.add(lane0),
                 stride,
             };
-            for r in (0..m).step_by(W::TILE) {
-                W::tile::<VNNI>(&tile, r, W::TILE.min(m - r));
+            // As few tiles as the rows need, of sizes as even as they can be (8 rows on 256-bit
+            // registers are two tiles of 4, not 6 and 2).
+            let tiles = m.div_ceil(W::TILE);
+            let mut r = 0;
+            for t in 0..tiles {
+                let n = m / tiles + usize::from(t < m % tiles);
+                W::tile::<VNNI>(&tile, r, n);
+                r += n;
             }
         }
     }
@@ -537,7 +611,7 @@ pub(crate) unsafe fn packed_rows_avx512(
 }
 
 /// `packed_rows_vnni` on 256-bit registers with `vpmaddubsw` + `vpmaddwd`: the same results, bit
-/// for bit, up to four activation rows per pass over each half of the group.
+/// for bit, up to six activation rows per pass over each half of the group.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; otherwise as `packed_rows_vnni`.

@@ -27,6 +27,8 @@ pub(super) trait Width {
     /// immediate).
     unsafe fn shr16<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn shl16<const N: u32>(a: Self::I) -> Self::I;
+    /// Shift of each 32-bit lane left by `N`.
+    unsafe fn shl32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn splat32(v: i32) -> Self::I;
@@ -43,9 +45,16 @@ pub(super) trait Width {
     unsafe fn with_sign(x: Self::I, s: Self::Sign) -> Self::I;
     /// `LANES` f16 values.
     unsafe fn f16s(p: *const u8) -> Self::F;
-    /// `LANES` unsigned or signed bytes as floats.
-    unsafe fn u8s(p: *const u8) -> Self::F;
-    unsafe fn i8s(p: *const u8) -> Self::F;
+    /// `LANES` unsigned or signed bytes as 32-bit integers.
+    unsafe fn u8s_i32(p: *const u8) -> Self::I;
+    unsafe fn i8s_i32(p: *const u8) -> Self::I;
+    /// Each 32-bit lane of two vectors of small integers (within i16) as an i16 pair: `lo`'s value
+    /// low, `hi`'s high (the operand `madd16` multiplies an i16 pair by).
+    unsafe fn pair16(lo: Self::I, hi: Self::I) -> Self::I;
+    /// `vpmaddwd`: adjacent i16 pairs multiplied lane by lane and summed to i32.
+    unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
+    /// The low 32 bits of each lane's product (`vpmulld`).
+    unsafe fn mullo32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn cvt(a: Self::I) -> Self::F;
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// `c - a * b`.
@@ -110,6 +119,10 @@ impl Width for Zmm {
         _mm512_sll_epi16(a, _mm_set_epi64x(0, N as i64))
     }
     #[inline(always)]
+    unsafe fn shl32<const N: u32>(a: __m512i) -> __m512i {
+        _mm512_sll_epi32(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
     unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
         _mm512_add_epi32(a, b)
     }
@@ -154,12 +167,25 @@ impl Width for Zmm {
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
     #[inline(always)]
-    unsafe fn u8s(p: *const u8) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    unsafe fn u8s_i32(p: *const u8) -> __m512i {
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
     }
     #[inline(always)]
-    unsafe fn i8s(p: *const u8) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    unsafe fn i8s_i32(p: *const u8) -> __m512i {
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn pair16(lo: __m512i, hi: __m512i) -> __m512i {
+        let low = _mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF));
+        _mm512_or_si512(low, _mm512_slli_epi32::<16>(hi))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_madd_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mullo32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_mullo_epi32(a, b)
     }
     #[inline(always)]
     unsafe fn cvt(a: __m512i) -> __m512 {
@@ -237,6 +263,10 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
         _mm256_sll_epi16(a, _mm_set_epi64x(0, N as i64))
     }
     #[inline(always)]
+    unsafe fn shl32<const N: u32>(a: __m256i) -> __m256i {
+        _mm256_sll_epi32(a, _mm_set_epi64x(0, N as i64))
+    }
+    #[inline(always)]
     unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
         _mm256_add_epi32(a, b)
     }
@@ -285,12 +315,25 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
     #[inline(always)]
-    unsafe fn u8s(p: *const u8) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    unsafe fn u8s_i32(p: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
     }
     #[inline(always)]
-    unsafe fn i8s(p: *const u8) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    unsafe fn i8s_i32(p: *const u8) -> __m256i {
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn pair16(lo: __m256i, hi: __m256i) -> __m256i {
+        let low = _mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF));
+        _mm256_or_si256(low, _mm256_slli_epi32::<16>(hi))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_madd_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mullo32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_mullo_epi32(a, b)
     }
     #[inline(always)]
     unsafe fn cvt(a: __m256i) -> __m256 {
