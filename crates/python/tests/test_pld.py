@@ -63,18 +63,22 @@ def test_speculative_equals_plain_and_drafts_are_accepted(llm, plain):
 
 def test_a_batch_equals_its_prompts_alone_and_is_faster_than_them_in_turn(plain):
     prompts = [f"Write a short note about the number {i}." for i in range(8)]
-    started = time.perf_counter()
-    together = plain.generate(prompts, greedy(32), use_tqdm=False)
-    batch_s = time.perf_counter() - started
-    started = time.perf_counter()
-    alone = [plain.generate(p, greedy(32), use_tqdm=False)[0] for p in prompts]
-    alone_s = time.perf_counter() - started
-    for t, a in zip(together, alone):
-        assert t.outputs[0].token_ids == a.outputs[0].token_ids
-        assert t.prompt == a.prompt
-    assert [o.request_id for o in together] == [str(i) for i in range(8)]
+    batch_s, alone_s = [], []
+    # Two rounds, each way timed in turn, and the best of each compared: the batch went first,
+    # where a model's first passes (and a shared machine's other work) can cost it alone.
+    for _ in range(2):
+        started = time.perf_counter()
+        together = plain.generate(prompts, greedy(32), use_tqdm=False)
+        batch_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        alone = [plain.generate(p, greedy(32), use_tqdm=False)[0] for p in prompts]
+        alone_s.append(time.perf_counter() - started)
+        for t, a in zip(together, alone):
+            assert t.outputs[0].token_ids == a.outputs[0].token_ids
+            assert t.prompt == a.prompt
+        assert [o.request_id for o in together] == [str(i) for i in range(8)]
     # Eight rows per pass cost far less than eight passes; a loose bound for a shared machine.
-    assert batch_s < alone_s, f"batch {batch_s:.2f} s, in turn {alone_s:.2f} s"
+    assert min(batch_s) < min(alone_s), f"batch {batch_s} s, in turn {alone_s} s"
 
 
 def test_seeded_sampling_is_reproducible_and_n_choices_differ(llm):
