@@ -4,7 +4,7 @@ use super::*;
 
 /// The interleaved layout (`packed`): its plain reference against the natural-layout scalar
 /// kernel, and every SIMD kernel against that reference, at every activation row count from 1 to
-/// 80 (tiles of up to 8 or 6 rows in every split, and more than one block of rows); a row alone
+/// 80 (tiles of up to 8 or 4 rows in every split, and more than one block of rows); a row alone
 /// gives bit-identical results to the row in a batch, and every implementation the same bits (for
 /// the K-quants, the reference's bits too).
 #[test]

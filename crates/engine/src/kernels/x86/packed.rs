@@ -49,15 +49,14 @@ impl RowTiles for Zmm {
 }
 
 impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
-    // Six rows: each keeps two integer sums in registers (16-bit pairs and 32-bit totals, or with
-    // VNNI the sub-block's and the super-block's), which with the weights, the broadcast and the
-    // mask is the sixteen AVX2 has; the K-quants keep their float sums in memory (`update`).
-    const TILE: usize = 6;
+    // Four rows: each keeps two integer sums in registers (16-bit pairs and 32-bit totals, or
+    // with VNNI the sub-block's and the super-block's; the 32-bit formats a float sum too),
+    // which with the weights, the broadcast and the mask is what the sixteen AVX2 registers
+    // hold. Six were measured no faster for the K-quants and slower for Q8_0.
+    const TILE: usize = 4;
     #[inline(always)]
     unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize) {
         match n {
-            6 => t.run::<Self, VNNI, 6>(r),
-            5 => t.run::<Self, VNNI, 5>(r),
             4 => t.run::<Self, VNNI, 4>(r),
             3 => t.run::<Self, VNNI, 3>(r),
             2 => t.run::<Self, VNNI, 2>(r),
@@ -559,8 +558,8 @@ unsafe fn packed_rows<W: RowTiles, const VNNI: bool>(
                 out: out.add(lane0),
                 stride,
             };
-            // As few tiles as the rows need, of sizes as even as they can be (8 rows on 256-bit
-            // registers are two tiles of 4, not 6 and 2).
+            // As few tiles as the rows need, of sizes as even as they can be (9 rows on 512-bit
+            // registers are tiles of 5 and 4, not 8 and 1).
             let tiles = m.div_ceil(W::TILE);
             let mut r = 0;
             for t in 0..tiles {
@@ -611,7 +610,7 @@ pub(crate) unsafe fn packed_rows_avx512(
 }
 
 /// `packed_rows_vnni` on 256-bit registers with `vpmaddubsw` + `vpmaddwd`: the same results, bit
-/// for bit, up to six activation rows per pass over each half of the group.
+/// for bit, up to four activation rows per pass over each half of the group.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; otherwise as `packed_rows_vnni`.
