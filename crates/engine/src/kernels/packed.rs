@@ -304,7 +304,7 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
                     let (mut isum, mut msum) = (0i32, 0i32);
                     for j in 0..8 {
                         isum += blk[q4k::PACKED_SCALES + 16 * j + l] as i32 * dot(32 * j, 32);
-                        let sum = acts.isums16[(row * acts.k + s * 256) / 32 + j] as i32;
+                        let sum = acts.isums[(row * acts.k + s * 256) / 32 + j] as i32;
                         msum += blk[q4k::PACKED_MINS + 16 * j + l] as i32 * sum;
                     }
                     acc = (isum as f32).mul_add(d * dx, acc);

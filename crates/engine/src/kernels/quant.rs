@@ -26,10 +26,9 @@ pub struct QuantizedActs {
     pub(crate) ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
     pub(crate) bsums: Vec<i16>,
-    /// Per 32 elements: the sum of those 32 integers.
-    pub(crate) isums: Vec<i32>,
-    /// The same sums as i16 (the packed Q4_K kernel broadcasts them two at a time).
-    pub(crate) isums16: Vec<i16>,
+    /// Per 32 elements: the sum of those 32 integers (within +-32 * 127; the packed Q4_K kernel
+    /// broadcasts them two at a time).
+    pub(crate) isums: Vec<i16>,
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
     pub(crate) spread_d: Vec<f32>,
@@ -66,7 +65,6 @@ impl QuantizedActs {
         self.ds.resize(rows * k / 32 + 16, 0.0);
         self.isums.resize(rows * k / 32, 0);
         self.bsums.resize(rows * k / 16, 0);
-        self.isums16.resize(rows * k / 32, 0);
         // Rows go to the pool in runs once there are enough of them (a prefill chunk): every
         // block is quantized on its own, so the split does not change a bit.
         let threads = super::pool::global().threads();
@@ -82,7 +80,6 @@ impl QuantizedActs {
             ds: &mut self.ds[..rows * k / 32],
             isums: &mut self.isums[..],
             bsums: &mut self.bsums[..],
-            isums16: &mut self.isums16[..],
         };
         let mut parts = Vec::with_capacity(runs);
         for i in 0..runs {
@@ -125,9 +122,8 @@ struct Blocks<'a> {
     q: &'a mut [i8],
     d: &'a mut [f32],
     ds: &'a mut [f32],
-    isums: &'a mut [i32],
+    isums: &'a mut [i16],
     bsums: &'a mut [i16],
-    isums16: &'a mut [i16],
 }
 
 impl<'a> Blocks<'a> {
@@ -139,7 +135,6 @@ impl<'a> Blocks<'a> {
         let (ds, ds2) = self.ds.split_at_mut(n / 32);
         let (isums, isums2) = self.isums.split_at_mut(n / 32);
         let (bsums, bsums2) = self.bsums.split_at_mut(n / 16);
-        let (isums16, isums16_2) = self.isums16.split_at_mut(n / 32);
         (
             Blocks {
                 x,
@@ -148,7 +143,6 @@ impl<'a> Blocks<'a> {
                 ds,
                 isums,
                 bsums,
-                isums16,
             },
             Blocks {
                 x: x2,
@@ -157,7 +151,6 @@ impl<'a> Blocks<'a> {
                 ds: ds2,
                 isums: isums2,
                 bsums: bsums2,
-                isums16: isums16_2,
             },
         )
     }
@@ -174,9 +167,7 @@ impl<'a> Blocks<'a> {
             for (g, grp) in qs.chunks_exact(32).enumerate() {
                 let sum: i32 = grp.iter().map(|&v| v as i32).sum();
                 self.ds[b * block / 32 + g] = d * sum as f32;
-                self.isums[b * block / 32 + g] = sum;
-                // Within +-32 * 127.
-                self.isums16[b * block / 32 + g] = sum as i16;
+                self.isums[b * block / 32 + g] = sum as i16;
             }
             for (g, grp) in qs.chunks_exact(16).enumerate() {
                 let sum: i16 = grp.iter().map(|&v| v as i16).sum();

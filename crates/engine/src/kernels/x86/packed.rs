@@ -49,10 +49,10 @@ impl RowTiles for Zmm {
 }
 
 impl<const EVEX: bool> RowTiles for Ymm<EVEX> {
-    // Four rows: each keeps two integer sums in registers (16-bit pairs and 32-bit totals, or
-    // with VNNI the sub-block's and the super-block's; the 32-bit formats a float sum too),
-    // which with the weights, the broadcast and the mask is what the sixteen AVX2 registers
-    // hold. Six were measured no faster for the K-quants and slower for Q8_0.
+    // Four rows: each keeps a float sum and two integer sums in registers (16-bit pairs and
+    // 32-bit totals, or with VNNI the sub-block's and the super-block's), which with the weights,
+    // the broadcast and the mask is the sixteen AVX2 has. Six were measured no faster for the
+    // K-quants and slower for the 32-column formats.
     const TILE: usize = 4;
     #[inline(always)]
     unsafe fn tile<const VNNI: bool>(t: &Tile, r: usize, n: usize) {
@@ -271,16 +271,6 @@ impl Tile<'_> {
         acc
     }
 
-    /// Row `r`'s results after unit `s`: `f` of what the units before left (zero before the
-    /// first). The K-quants keep them in memory, touched once per unit, which leaves the
-    /// registers to the integer sums.
-    #[inline(always)]
-    unsafe fn update<W: Width>(&self, r: usize, s: usize, f: impl FnOnce(W::F) -> W::F) {
-        let p = self.out.add(r * self.stride);
-        let prev = if s == 0 { W::zero_f() } else { W::loadf(p) };
-        W::store(p, f(prev));
-    }
-
     #[inline(always)]
     unsafe fn store<W: Width, const MR: usize>(&self, acc: &[W::F; MR]) {
         for r in 0..MR {
@@ -295,6 +285,7 @@ impl Tile<'_> {
 #[inline(always)]
 unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
+    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
@@ -328,18 +319,17 @@ unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         let dmin = W::f16s(blk.add(q4k::PACKED_DMIN + 2 * l0));
         for r in 0..MR {
-            let sums16 = acts.isums16.as_ptr().add(((at.r0 + r) * k + s * 256) / 32) as *const i8;
+            let sums16 = acts.isums.as_ptr().add(((at.r0 + r) * k + s * 256) / 32) as *const i8;
             let mut m = W::madd16(mn[0], W::bcast4(sums16));
             for i in 1..4 {
                 m = W::add32(m, W::madd16(mn[i], W::bcast4(sums16.add(4 * i))));
             }
             let dx = W::splat(*acts.d.get_unchecked((at.r0 + r) * k / 256 + s));
-            at.update::<W>(r, s, |acc| {
-                let acc = W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc);
-                W::fnmadd(W::cvt(m), W::mul(dmin, dx), acc)
-            });
+            acc[r] = W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc[r]);
+            acc[r] = W::fnmadd(W::cvt(m), W::mul(dmin, dx), acc[r]);
         }
     }
+    at.store::<W, MR>(&acc);
 }
 
 /// The top two bits of four columns, from bits `2i..2i + 2` of each byte of `h`, moved to bits 4
@@ -361,6 +351,7 @@ unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
 #[inline(always)]
 unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
+    let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
     let k = acts.k;
@@ -408,11 +399,10 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
         for r in 0..MR {
             let dx = W::splat(*acts.d.get_unchecked((at.r0 + r) * k / 256 + s));
-            at.update::<W>(r, s, |acc| {
-                W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc)
-            });
+            acc[r] = W::fmadd(W::cvt(sums.scaled_total(r)), W::mul(d, dx), acc[r]);
         }
     }
+    at.store::<W, MR>(&acc);
 }
 
 /// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
@@ -510,7 +500,7 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
                 let mut sum = sums.total(r);
                 if F == Q8_0 && VNNI {
                     // The unsigned products counted each activation 128 times too often.
-                    let bias = *acts.isums.get_unchecked(bi) << 7;
+                    let bias = (*acts.isums.get_unchecked(bi) as i32) << 7;
                     sum = W::sub32(sum, W::splat32(bias));
                 }
                 let scale = W::mul(dw, W::splat(*acts.d.get_unchecked(bi)));
