@@ -71,10 +71,11 @@ const CHUNK_BYTES: usize = 4096;
 
 /// How far ahead of the near prefetch (the next unit, into L1) the weights are also prefetched
 /// into L2. One unit ahead (2-3.4 KB) is less than a core's share of memory bandwidth times the
-/// memory latency, so without this a core that is busy computing keeps too few lines in flight:
-/// eight activation rows streamed Q6_K at 17 GB/s where a plain read of memory gets 32-40. With
-/// 16 KB more (Zen 4, 2 threads, `pbench` on qwen-coder-1.5b), a pass over 8 rows went from 77-89
-/// to 53-70 ms with VNNI and a one-row pass from 52-71 to 37-46 ms on AVX2; 6-24 KB measured alike.
+/// memory latency, so without this a core busy computing kept too few lines in flight: eight
+/// activation rows streamed about 17 GB/s where a plain read of memory gets 32-40. With it
+/// (Zen 4, 2 threads, `kbench` at 8 rows out of the caches) VNNI went from 4.7-5.1 to 3.7-3.9 ms
+/// on Q6_K and 6.8-7.2 to 4.4-4.5 on Q8_0, AVX2 from 6.1-7.2 to 4.9-5.2 on Q4_K; 6 to 24 KB
+/// measured alike (README, "Prefetching far ahead").
 const FAR_BYTES: usize = 16 * 1024;
 
 /// Prefetches the `n` cache lines from `p` into L1 and, if `far`, the `n` lines `FAR_BYTES`
