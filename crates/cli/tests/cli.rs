@@ -446,6 +446,11 @@ fn bench_forward_json_has_the_documented_fields() {
             .collect();
         assert_eq!(tokens, [1, 2, 4, 8, 16, 32, 64]);
         assert!(passes.iter().all(|p| p["ms"].as_f64().unwrap() > 0.0));
+        // The fastest pass is one of those the median was taken over.
+        assert!(passes.iter().all(|p| {
+            let fastest = p["fastest_ms"].as_f64().unwrap();
+            fastest > 0.0 && fastest <= p["ms"].as_f64().unwrap()
+        }));
         assert_eq!(passes[0]["ratio_to_one"], 1.0);
         // Every pass beside its physical limit, which grows with the tokens once compute-bound.
         for p in passes {

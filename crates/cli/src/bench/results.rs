@@ -180,7 +180,12 @@ pub struct RunSummary {
 #[derive(Serialize, Deserialize, Clone, Copy)]
 pub struct PassTiming {
     pub tokens: usize,
+    /// The median pass.
     pub ms: f64,
+    /// The fastest pass: on a shared machine, where other tenants slow some passes, the steadier
+    /// figure to compare two builds by.
+    #[serde(default)]
+    pub fastest_ms: f64,
     pub ratio_to_one: f64,
     /// The physical limit of this pass, in ms: max((weight bytes + cache bytes read) / bandwidth,
     /// tokens x multiply-adds per token / int8 peak + attention's multiply-adds / f32 peak) (the
