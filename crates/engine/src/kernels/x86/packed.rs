@@ -78,20 +78,6 @@ const CHUNK_BYTES: usize = 4096;
 /// measured alike (README, "Prefetching far ahead").
 const FAR_BYTES: usize = 16 * 1024;
 
-/// Prefetches the `n` cache lines from `p` into L1 and, if `far`, the `n` lines `FAR_BYTES`
-/// further on into L2; either may lie past the data (prefetches never fault).
-#[inline(always)]
-unsafe fn prefetch_lines(p: *const u8, n: usize, far: bool) {
-    for i in 0..n {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * i) as *const i8);
-    }
-    if far {
-        for i in 0..n {
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(FAR_BYTES + 64 * i) as *const i8);
-        }
-    }
-}
-
 /// Integer sums of one sub-block for `MR` activation rows. With VNNI each step of four products is
 /// one `vpdpbusd` into 32-bit sums (in two chains below four rows, so that they overlap). Without,
 /// it is one `vpmaddubsw`, whose 16-bit pairs are added in 16 bits (`pending`) and widened to 32 by
@@ -265,13 +251,22 @@ impl Tile<'_> {
         }
     }
 
-    /// Prefetches `n` lines from `p`, on the first register's pass over a unit only: the later
-    /// ones read what it brought in. The lines far ahead are asked for by the product's first
-    /// tile of rows alone; the later tiles find them in cache.
+    /// Prefetches the `n` lines from `p` into L1, on the first register's pass over a unit only
+    /// (the later ones read what it brought in), and the `n` lines `FAR_BYTES` further on into
+    /// L2, on the product's first tile of rows alone (the later tiles find them in cache). Either
+    /// may lie past the data: prefetches never fault.
     #[inline(always)]
     unsafe fn prefetch(&self, p: *const u8, n: usize) {
-        if self.lane0 == 0 {
-            prefetch_lines(p, n, self.r0 == 0);
+        if self.lane0 != 0 {
+            return;
+        }
+        for i in 0..n {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * i) as *const i8);
+        }
+        if self.r0 == 0 {
+            for i in 0..n {
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(FAR_BYTES + 64 * i) as *const i8);
+            }
         }
     }
 
