@@ -1,7 +1,7 @@
 //! Times causal attention of ROWS rows over a cache of LEN positions for one key/value head
 //! (head size HD, GROUP query heads per key/value head: qwen-coder-1.5b's 128 and 6 by default),
-//! keys and values stored as DTYPE (f16 or f32, f16 by default), every implementation the CPU
-//! has, one thread (developer tool):
+//! keys and values stored as DTYPE (f16 or f32, f16 by default), every vector implementation the
+//! CPU has (`PLD_KERNEL` names one to time alone), one thread (developer tool):
 //! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP [DTYPE]]]]]]`.
 //! COPIES heads, each with its own keys and values, are attended in turn, so that with enough of
 //! them (more than the last-level cache holds) the keys and values come from memory, as they do
@@ -68,13 +68,14 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
     let mut scores = Vec::new();
     let bytes = (2 * len * hd * size) as f64;
     let mb = copies as f64 * bytes / 1e6;
-    for isa in Isa::available() {
+    // The plain version is the reference the others are tested against, not a speed target.
+    let chosen = std::env::var("PLD_KERNEL").is_ok().then(isa);
+    let timed = Isa::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar && chosen.is_none_or(|c| c == i));
+    for isa in timed {
         let mut best = f64::INFINITY;
-        let runs = if isa == Isa::Scalar {
-            3
-        } else {
-            (200 / copies).max(5)
-        };
+        let runs = (200 / copies).max(5);
         for _ in 0..runs {
             let t = Instant::now();
             for (keys, values) in &heads {

@@ -3,7 +3,7 @@
 //! (AVX2) or 512-bit (AVX-512) registers. Keys and values are f32 or f16 (`KvElem`); every
 //! product and sum is in f32, an f16 number widened exactly as it is loaded.
 
-use super::elementwise::softmax;
+use super::elementwise::exp_lane;
 use super::isa::{assert_available, isa, Isa};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
@@ -192,7 +192,7 @@ pub struct Visible {
 
 impl Visible {
     #[inline]
-    fn sees(&self, t: usize) -> bool {
+    pub(crate) fn sees(&self, t: usize) -> bool {
         t < self.start || (t - self.start < 64 && (self.bits >> (t - self.start)) & 1 == 1)
     }
 }
@@ -215,91 +215,41 @@ impl TreeMask<'_> {
     }
 }
 
-/// Softmax over the positions of `x` that `visible` lets the row see, with zero weight at the
-/// others. The visible scores are first packed together in order, so the softmax runs on exactly
-/// the values, in exactly the lanes, that a row holding only those positions would use: a tree
-/// node's weights are bit-identical to those of the same token decoded on its own. The weighted
-/// sum of values that follows adds a zero for every hidden position, which changes nothing.
-pub(crate) fn softmax_visible(x: &mut [f32], visible: Option<Visible>) {
-    let Some(v) = visible else {
-        return softmax(x);
-    };
-    let start = v.start.min(x.len());
-    let mut n = start;
-    for t in start..x.len() {
-        if v.sees(t) {
-            x[n] = x[t];
-            n += 1;
-        }
-    }
-    softmax(&mut x[..n]);
-    // Spread back from the end: a packed entry never lies after its own position.
-    for t in (start..x.len()).rev() {
-        if v.sees(t) {
-            n -= 1;
-            x[t] = x[n];
-        } else {
-            x[t] = 0.0;
-        }
-    }
-}
+/// Positions the attention kernels take at a time: scores of a block, their weights and the
+/// weighted values are computed together while they sit in L1 (an online softmax, as in
+/// FlashAttention: a running maximum and sum, and earlier outputs rescaled when the maximum
+/// grows). Blocks start at multiples of this in the positions a row sees (a tree node's packed
+/// first), so a row's result never depends on what shares its pass.
+pub(crate) const ATTENTION_BLOCK: usize = 64;
 
 /// Attention of the `q.len() / hd` query heads in `q` that share the key/value head `kv`.
-/// `scores` is scratch; `out` gets one `hd`-long output per query head.
-pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
-    attend_with(isa(), q, kv, scale, scores, out)
+/// `scratch` is working space; `out` gets one `hd`-long output per query head.
+pub fn attend(q: &[f32], kv: KvHead<'_>, scale: f32, scratch: &mut Vec<f32>, out: &mut [f32]) {
+    attend_with(isa(), q, kv, scale, scratch, out)
 }
 
 /// `attend` with a chosen implementation (512-bit registers for head sizes that are a multiple of
-/// 16 on AVX-512, 256-bit ones for multiples of 8, the plain loops otherwise).
+/// 16 on AVX-512, 256-bit ones for multiples of 8, the plain loops otherwise): every one gives
+/// the same bits.
 pub fn attend_with(
     isa: Isa,
     q: &[f32],
     kv: KvHead<'_>,
     scale: f32,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_visible(isa, q, kv, scale, None, scores, out)
-}
-
-/// `attend_with` for a row that sees only the positions `visible` allows.
-fn attend_visible(
-    isa: Isa,
-    q: &[f32],
-    kv: KvHead<'_>,
-    scale: f32,
-    visible: Option<Visible>,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    assert_available(isa);
-    let KvHead { hd, len, .. } = kv;
-    let group = q.len() / hd;
-    assert!(group * hd == q.len() && out.len() == q.len());
-    // The vector kernels take one row as a pass of one (its mask, if any, as a one-row tree).
-    if isa != Isa::Scalar && hd % 8 == 0 && cfg!(target_arch = "x86_64") {
-        let bits = [visible.map_or(0, |v| v.bits)];
-        let mask = visible.map(|v| TreeMask {
-            start: v.start,
-            rows: &bits,
-        });
-        return attend_rows(isa, q, q.len(), 1, kv, scale, mask, scores, out);
-    }
-    scores.clear();
-    scores.resize(group * len, 0.0);
-    with_typed!(kv, kv => {
-        kv.check();
-        scalar_visible(q, kv, scale, visible, scores, out)
-    })
+    let hd = kv.hd;
+    assert!(hd > 0 && q.len().is_multiple_of(hd) && out.len() == q.len());
+    attend_rows(isa, q, q.len(), 1, kv, scale, None, scratch, out)
 }
 
 /// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
 /// the key/value head `kv`: row `r`'s query heads are `q[r * q_stride..][..group * hd]`, it sees the
 /// first `kv.len - (rows - 1 - r)` positions (of those, with a `tree` mask, only the ones its mask
 /// lets it see), and its outputs go to `out[r * group * hd..]`. Each row's result is bit-identical
-/// to `attend` on that row alone over the positions it sees; the vector versions read each key
-/// and value once for all the rows.
+/// to `attend` on that row alone over the positions it sees, on every implementation; the vector
+/// versions read each key and value once for all the rows.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     isa: Isa,
@@ -309,7 +259,7 @@ pub fn attend_rows(
     kv: KvHead<'_>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let KvHead { hd, len, .. } = kv;
@@ -318,60 +268,73 @@ pub fn attend_rows(
     let gw = out.len() / rows;
     assert!(hd > 0 && gw.is_multiple_of(hd) && (rows - 1) * q_stride + gw <= q.len());
     assert!(
-        tree.is_none_or(|m| m.rows.len() == rows),
-        "one mask per row"
+        tree.is_none_or(|m| m.rows.len() == rows && m.start < len && len - m.start <= 64),
+        "one mask per row, a tree of at most 64 positions at the end of the cache"
     );
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && hd % 8 == 0 {
-        scores.clear();
-        scores.resize(rows * (gw / hd) * len, 0.0);
         return with_typed!(kv, kv => {
             kv.check();
             // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2, FMA
             // and F16C for the 512-bit version, AVX2, FMA and F16C for any other vector class;
             // hd is a multiple of their lanes; keys and values lie inside the checked span,
-            // queries inside `q`, scores and outputs are sized above.
+            // queries inside `q`, a tree's rows inside the cache, outputs sized as checked.
             unsafe {
                 if isa.avx512() && hd % 16 == 0 {
-                    x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scores, out)
+                    x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scratch, out)
                 } else {
-                    x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scores, out)
+                    x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scratch, out)
                 }
             }
         });
     }
-    for (r, o) in out.chunks_mut(gw).enumerate() {
-        let row_kv = KvHead {
-            len: len - (rows - 1 - r),
-            ..kv
-        };
-        attend_visible(
-            isa,
-            &q[r * q_stride..r * q_stride + gw],
-            row_kv,
-            scale,
-            tree.map(|m| m.row(r)),
-            scores,
-            o,
-        );
-    }
-}
-
-/// The plain version of `attend`, one dot product and one scaled sum per head and position.
-pub fn attend_scalar(q: &[f32], kv: KvHead<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let _ = scratch;
     with_typed!(kv, kv => {
         kv.check();
-        scalar_visible(q, kv, scale, None, scores, out)
+        let mut seen = Vec::with_capacity(len);
+        for (r, o) in out.chunks_mut(gw).enumerate() {
+            let n = len - (rows - 1 - r);
+            seen.clear();
+            match tree.map(|m| m.row(r)) {
+                None => seen.extend(0..n),
+                Some(v) => seen.extend((0..n).filter(|&t| v.sees(t))),
+            }
+            let qr = &q[r * q_stride..r * q_stride + gw];
+            for (qh, oh) in qr.chunks(hd).zip(o.chunks_mut(hd)) {
+                attend_plain_fused(qh, kv, scale, &seen, oh);
+            }
+        }
     })
 }
 
-/// `attend_scalar` for a row that sees only the positions `visible` allows.
-fn scalar_visible<E: KvElem>(
-    q: &[f32],
+/// `attend_plain` with the CPU's fused multiply-add instruction where it has one: the same bits
+/// as the library's `mul_add` without it, many times faster.
+fn attend_plain_fused<E: KvElem>(
+    qh: &[f32],
     kv: KvOf<'_, E>,
     scale: f32,
-    visible: Option<Visible>,
-    scores: &mut [f32],
+    seen: &[usize],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA.
+        return unsafe { x86::attend_plain_fma(qh, kv, scale, seen, out) };
+    }
+    attend_plain(qh, kv, scale, seen, out)
+}
+
+/// The plain version of the vector kernels: one query head over the positions `seen`, in order,
+/// by blocks of `ATTENTION_BLOCK` with the online softmax, every float operation the one the
+/// kernels perform, in their order (each score a fused chain over the dimensions, scaled; a
+/// block's weights summed in eight lanes by position, the lanes added pairwise; each output a
+/// fused chain over the positions from the earlier blocks' output rescaled).
+#[inline(always)]
+pub(crate) fn attend_plain<E: KvElem>(
+    qh: &[f32],
+    kv: KvOf<'_, E>,
+    scale: f32,
+    seen: &[usize],
     out: &mut [f32],
 ) {
     let KvOf {
@@ -380,34 +343,40 @@ fn scalar_visible<E: KvElem>(
         key_stride,
         value_stride,
         hd,
-        len,
+        ..
     } = kv;
-    let group = q.len() / hd;
-    for g in 0..group {
-        // Along the rows of keys: every score sums its products in the order of the dimensions.
-        let sc = &mut scores[g * len..(g + 1) * len];
-        sc.fill(0.0);
-        for (i, qi) in q[g * hd..(g + 1) * hd].iter().enumerate() {
-            for (s, k) in sc
-                .iter_mut()
-                .zip(&keys[i * key_stride..i * key_stride + len])
-            {
-                *s += qi * k.to_f32();
-            }
-        }
-        for s in sc.iter_mut() {
-            *s *= scale;
-        }
-        softmax_visible(sc, visible);
-    }
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let mut w = [0f32; ATTENTION_BLOCK];
     out.fill(0.0);
-    for t in 0..len {
-        let value = &values[t * value_stride..t * value_stride + hd];
-        for g in 0..group {
-            let w = scores[g * len + t];
-            for (o, v) in out[g * hd..(g + 1) * hd].iter_mut().zip(value) {
-                *o += w * v.to_f32();
-            }
+    for block in seen.chunks(ATTENTION_BLOCK) {
+        for (wk, &t) in w.iter_mut().zip(block) {
+            let dot = (0..hd).fold(0f32, |a, i| {
+                qh[i].mul_add(keys[i * key_stride + t].to_f32(), a)
+            });
+            *wk = dot * scale;
         }
+        let w = &mut w[..block.len()];
+        let block_max = w.iter().copied().fold(max, f32::max);
+        let rescale = exp_lane(max - block_max);
+        let mut lanes = [0f32; 8];
+        for (k, wk) in w.iter_mut().enumerate() {
+            *wk = exp_lane(*wk - block_max);
+            lanes[k % 8] += *wk;
+        }
+        let l = lanes;
+        sum = sum.mul_add(
+            rescale,
+            ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])),
+        );
+        max = block_max;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = w.iter().zip(block).fold(*o * rescale, |a, (wk, &t)| {
+                wk.mul_add(values[t * value_stride + i].to_f32(), a)
+            });
+        }
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
     }
 }

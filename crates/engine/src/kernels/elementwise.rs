@@ -75,6 +75,23 @@ pub fn softmax_scalar(x: &mut [f32]) {
     }
 }
 
+/// e^x exactly as the vector kernels compute it (`x86::exp8`), for one number: the same
+/// operations in the same order, so the same bits. x is clamped to [-87, 88]; x = n ln 2 + r,
+/// e^r by its Taylor series to degree 7, times 2^n.
+#[inline(always)]
+#[allow(clippy::manual_clamp)] // as the vector max and min do, a NaN becomes -87 (clamp keeps it)
+pub fn exp_lane(x: f32) -> f32 {
+    let x = x.max(-87.0).min(88.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(0.693_145_75, x);
+    let r = (-n).mul_add(1.428_606_8e-6, r);
+    let mut p = 1.0f32 / 5040.0;
+    for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
+        p = p.mul_add(r, 1.0 / c);
+    }
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
 /// `gate = silu(gate) * up`, the SwiGLU activation.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());

@@ -2,14 +2,26 @@
 //! sequence at once, written once over the register width (`width::Width`): 512-bit registers on
 //! AVX-512, 256-bit ones on AVX2. Keys and values are f32 or f16 (`KvElem`), widened to f32
 //! lanes as they are loaded.
+//!
+//! One sweep over the positions in blocks of `ATTENTION_BLOCK` with an online softmax: for a few
+//! queries at a time, a block's scores, their weights and the weighted values are computed while
+//! they sit in L1, and the keys and values of the block are read from memory once for all the
+//! queries. The operations and their order are those of `attention::attend_plain`.
 
 // The tiles address several arrays and pointers by row (or column) index. They keep their index
 // loops: iterator forms change the code generated for these kernels.
 #![allow(clippy::needless_range_loop)]
 
+use super::elementwise::{exp16, exp8};
+use super::hsum;
 use super::width::{Width, Ymm, Zmm};
-use crate::kernels::attention::{softmax_visible, KvElem, KvOf, TreeMask};
+use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
+use crate::kernels::attention::{attend_plain, KvElem, KvOf, TreeMask, Visible};
 use std::arch::x86_64::*;
+
+/// Queries whose scores, weights and values are computed together for a block: one score tile
+/// of six on 512-bit registers, three of two on 256-bit ones.
+const QUERIES: usize = 6;
 
 /// `W::LANES` consecutive cached numbers from `p` in the f32 lanes of one register.
 ///
@@ -55,10 +67,10 @@ unsafe fn prefetch<E>(p: *const E, lines: usize) {
     }
 }
 
-/// Scores of `Q` queries (element `i` of query `j` at `qs[j] + i`) against the `P` vectors of
-/// positions from `t0` of the transposed keys at `pk` (row `i` at `pk + i * ks`), scaled, to
-/// `outs[j] + t0..`. Each score is one fused multiply-add chain over the dimensions in order,
-/// whatever else shares the tile. `ahead`: the positions ahead to prefetch, 0 for none.
+/// Scores of `Q` queries (element `i` of query `j` at `qs[j] + i`) against `P` vectors of
+/// positions of the transposed keys at `pk` (row `i` at `pk + i * ks`), scaled, to `outs[j]`.
+/// Each score is one fused multiply-add chain over the dimensions in order, whatever else shares
+/// the tile. `ahead`: the positions ahead to prefetch, 0 for none.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
@@ -67,13 +79,12 @@ unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
     pk: *const E,
     ks: usize,
     hd: usize,
-    t0: usize,
     scale: W::F,
     ahead: usize,
 ) {
     let mut acc = [[W::zero_f(); P]; Q];
     for i in 0..hd {
-        let k = pk.add(i * ks + t0);
+        let k = pk.add(i * ks);
         if ahead > 0 {
             prefetch(k.wrapping_add(ahead), lines_of::<E>(P * W::LANES));
         }
@@ -92,7 +103,7 @@ unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
     }
     for j in 0..Q {
         for p in 0..P {
-            W::store(outs[j].add(t0 + W::LANES * p), W::mul(acc[j][p], scale));
+            W::store(outs[j].add(W::LANES * p), W::mul(acc[j][p], scale));
         }
     }
 }
@@ -107,52 +118,211 @@ unsafe fn scores_tiles<W: Width, E: KvElem, const P: usize>(
     pk: *const E,
     ks: usize,
     hd: usize,
-    t0: usize,
     scale: W::F,
     ahead: usize,
 ) {
     match n {
-        1 => scores_tile::<W, E, 1, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        2 => scores_tile::<W, E, 2, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        3 => scores_tile::<W, E, 3, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        4 => scores_tile::<W, E, 4, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        5 => scores_tile::<W, E, 5, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
-        _ => scores_tile::<W, E, 6, P>(qs, outs, pk, ks, hd, t0, scale, ahead),
+        1 => scores_tile::<W, E, 1, P>(qs, outs, pk, ks, hd, scale, ahead),
+        2 => scores_tile::<W, E, 2, P>(qs, outs, pk, ks, hd, scale, ahead),
+        3 => scores_tile::<W, E, 3, P>(qs, outs, pk, ks, hd, scale, ahead),
+        4 => scores_tile::<W, E, 4, P>(qs, outs, pk, ks, hd, scale, ahead),
+        5 => scores_tile::<W, E, 5, P>(qs, outs, pk, ks, hd, scale, ahead),
+        _ => scores_tile::<W, E, 6, P>(qs, outs, pk, ks, hd, scale, ahead),
     }
 }
 
-/// Adds `sum_t w[j][t] * value_t[i0..i0 + V lanes]` over `t0..t1` to `outs[j] + i0..` for `Q`
-/// queries (weights of query `j` at `ws[j]`; value `t` at `pv + t * stride`); `first` starts the
-/// sums from zero instead of reading them. Each output lane is one multiply-add chain over the
-/// positions in order, whatever else shares the tile. `ahead`: positions ahead to prefetch.
+/// Scaled scores of the queries `qs` against positions `t_a..t_b` (`t_a` a multiple of the
+/// lanes) to `outs[j][t - t_a]`, in tiles of `QS` queries by `P` vectors of positions, then
+/// single vectors, then one scalar fused chain per position past the cache's last whole vector.
+/// Positions from `t_b` to the end of its vector may be written too.
+#[inline(always)]
+unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
+    qs: &[*const f32],
+    outs: &[*mut f32],
+    kv: &KvOf<'_, E>,
+    (t_a, t_b): (usize, usize),
+    scale: f32,
+    ahead: usize,
+) {
+    let (pk, ks, hd) = (kv.keys.as_ptr(), kv.key_stride, kv.hd);
+    let vector_end = t_b
+        .next_multiple_of(W::LANES)
+        .min(kv.len / W::LANES * W::LANES);
+    let vscale = W::splat(scale);
+    for j0 in (0..qs.len()).step_by(QS) {
+        let n = (qs.len() - j0).min(QS);
+        let mut q6 = [std::ptr::null::<f32>(); 6];
+        q6[..n].copy_from_slice(&qs[j0..j0 + n]);
+        let pf = if j0 == 0 { ahead } else { 0 };
+        let mut t = t_a;
+        let at = |t: usize| {
+            let mut o6 = [std::ptr::null_mut::<f32>(); 6];
+            for j in 0..n {
+                o6[j] = outs[j0 + j].add(t - t_a);
+            }
+            o6
+        };
+        while t + P * W::LANES <= vector_end {
+            scores_tiles::<W, E, P>(n, &q6, &at(t), pk.add(t), ks, hd, vscale, pf);
+            t += P * W::LANES;
+        }
+        while t < vector_end {
+            scores_tiles::<W, E, 1>(n, &q6, &at(t), pk.add(t), ks, hd, vscale, 0);
+            t += W::LANES;
+        }
+    }
+    for (&pq, &po) in qs.iter().zip(outs) {
+        for t in vector_end.max(t_a)..t_b {
+            let mut acc = 0f32;
+            for i in 0..hd {
+                acc = (*pq.add(i)).mul_add((*pk.add(i * ks + t)).to_f32(), acc);
+            }
+            *po.add(t - t_a) = acc * scale;
+        }
+    }
+}
+
+/// The largest of the eight lanes.
+#[inline(always)]
+unsafe fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)))
+}
+
+/// One query's online softmax over a block, on a width's registers: turns the `n`
+/// (1..=`BLOCK`) scores at `s` into weights e^(score - max) against the running maximum `max`
+/// raised to the block's, writes them (and zeros up to `BLOCK`) in place, adds their sum to
+/// `sum` and returns the factor by which the weights and outputs of earlier blocks shrink.
+/// Every width computes the same bits: the exponential is `exp8`'s operations lane for lane, and
+/// the sum runs in eight lanes by position, the lanes then added pairwise (`hsum`).
+trait BlockWeights {
+    /// # Safety
+    /// `s` is valid for `BLOCK` floats; called from a function compiled for the width's
+    /// instructions and FMA.
+    unsafe fn block_weights(s: *mut f32, n: usize, max: &mut f32, sum: &mut f32) -> f32;
+}
+
+/// The factor e^(old - new) by which a block whose maximum rose from `old` to `new` shrinks what
+/// came before (a first block: `old` is minus infinity, and there is nothing before).
+#[inline(always)]
+unsafe fn shrink(old: f32, new: f32) -> f32 {
+    _mm256_cvtss_f32(exp8(_mm256_set1_ps(old - new)))
+}
+
+impl<const EVEX: bool> BlockWeights for Ymm<EVEX> {
+    #[inline(always)]
+    unsafe fn block_weights(s: *mut f32, n: usize, max: &mut f32, sum: &mut f32) -> f32 {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let visible = |k: usize| {
+            let left = _mm256_set1_epi32(n as i32 - 8 * k as i32);
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, lane))
+        };
+        let below = _mm256_set1_ps(f32::NEG_INFINITY);
+        let (whole, vectors) = (n / 8, n.div_ceil(8));
+        let mut m = below;
+        for k in 0..vectors {
+            let x = _mm256_loadu_ps(s.add(8 * k));
+            let x = if k < whole {
+                x
+            } else {
+                _mm256_blendv_ps(below, x, visible(k))
+            };
+            m = _mm256_max_ps(m, x);
+        }
+        let new_max = (*max).max(hmax(m));
+        let rescale = shrink(*max, new_max);
+        let vmax = _mm256_set1_ps(new_max);
+        let mut vsum = _mm256_setzero_ps();
+        for k in 0..vectors {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s.add(8 * k)), vmax));
+            let e = if k < whole {
+                e
+            } else {
+                _mm256_and_ps(e, visible(k))
+            };
+            _mm256_storeu_ps(s.add(8 * k), e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        for k in vectors..BLOCK / 8 {
+            _mm256_storeu_ps(s.add(8 * k), _mm256_setzero_ps());
+        }
+        *sum = (*sum).mul_add(rescale, hsum(vsum));
+        *max = new_max;
+        rescale
+    }
+}
+
+impl BlockWeights for Zmm {
+    #[inline(always)]
+    unsafe fn block_weights(s: *mut f32, n: usize, max: &mut f32, sum: &mut f32) -> f32 {
+        let visible = |k: usize| -> __mmask16 {
+            let left = n - 16 * k;
+            if left >= 16 {
+                0xFFFF
+            } else {
+                (1u16 << left) - 1
+            }
+        };
+        let vectors = n.div_ceil(16);
+        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        for k in 0..vectors {
+            m = _mm512_mask_max_ps(m, visible(k), m, _mm512_loadu_ps(s.add(16 * k)));
+        }
+        let new_max = (*max).max(_mm512_reduce_max_ps(m));
+        let rescale = shrink(*max, new_max);
+        let vmax = _mm512_set1_ps(new_max);
+        let mut vsum = _mm256_setzero_ps();
+        for k in 0..vectors {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s.add(16 * k)), vmax));
+            let e = _mm512_maskz_mov_ps(visible(k), e);
+            _mm512_storeu_ps(s.add(16 * k), e);
+            // The two halves in turn: the eight lanes' sums in the order of the positions.
+            let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e));
+            vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+            vsum = _mm256_add_ps(vsum, _mm256_castpd_ps(high));
+        }
+        for k in vectors..BLOCK / 16 {
+            _mm512_storeu_ps(s.add(16 * k), _mm512_setzero_ps());
+        }
+        *sum = (*sum).mul_add(rescale, hsum(vsum));
+        *max = new_max;
+        rescale
+    }
+}
+
+/// For `Q` queries: `outs[j][i0..i0 + V lanes]`, first scaled by `rescale[j]`, plus the sum over
+/// `k < n` of `ws[j][k]` times the value of position `at(k)` (value `t` at `pv + t * stride`).
+/// Each output lane is one multiply-add chain over the positions in order, whatever else shares
+/// the tile. `ahead`: positions ahead to prefetch.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn values_tile<W: Width, E: KvElem, const Q: usize, const V: usize>(
-    ws: &[*const f32],
+    ws: &[*mut f32],
     outs: &[*mut f32],
+    rescale: &[f32],
     pv: *const E,
     stride: usize,
     i0: usize,
-    (t0, t1): (usize, usize),
-    first: bool,
+    n: usize,
+    at: impl Fn(usize) -> usize,
     ahead: usize,
 ) {
     let mut acc = [[W::zero_f(); V]; Q];
-    if !first {
-        for j in 0..Q {
-            for c in 0..V {
-                acc[j][c] = W::loadf(outs[j].add(i0 + W::LANES * c));
-            }
+    for j in 0..Q {
+        let r = W::splat(rescale[j]);
+        for c in 0..V {
+            acc[j][c] = W::mul(W::loadf(outs[j].add(i0 + W::LANES * c)), r);
         }
     }
-    for t in t0..t1 {
-        let v = pv.add(t * stride + i0);
+    for k in 0..n {
+        let v = pv.add(at(k) * stride + i0);
         if ahead > 0 {
             prefetch(v.wrapping_add(ahead * stride), lines_of::<E>(V * W::LANES));
         }
         let mut w = [W::zero_f(); Q];
         for j in 0..Q {
-            w[j] = W::splat(*ws[j].add(t));
+            w[j] = W::splat(*ws[j].add(k));
         }
         for c in 0..V {
             let x = lanes::<W, E>(v.add(W::LANES * c));
@@ -173,39 +343,119 @@ unsafe fn values_tile<W: Width, E: KvElem, const Q: usize, const V: usize>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn values_tiles<W: Width, E: KvElem, const ACC: usize, const V: usize>(
-    ws: &[*const f32],
+    ws: &[*mut f32],
     outs: &[*mut f32],
-    pv: *const E,
-    stride: usize,
+    rescale: &[f32],
+    kv: &KvOf<'_, E>,
     i0: usize,
-    span: (usize, usize),
-    first: bool,
+    n: usize,
+    at: impl Fn(usize) -> usize + Copy,
     ahead: usize,
 ) {
+    let (pv, stride) = (kv.values.as_ptr(), kv.value_stride);
     let most = (ACC / V).clamp(1, 6);
     for j0 in (0..ws.len()).step_by(most) {
         let j1 = (j0 + most).min(ws.len());
-        let (w, o) = (&ws[j0..j1], &outs[j0..j1]);
+        let (w, o, r) = (&ws[j0..j1], &outs[j0..j1], &rescale[j0..j1]);
         let ahead = if j0 == 0 { ahead } else { 0 };
         match j1 - j0 {
-            1 => values_tile::<W, E, 1, V>(w, o, pv, stride, i0, span, first, ahead),
-            2 => values_tile::<W, E, 2, V>(w, o, pv, stride, i0, span, first, ahead),
-            3 => values_tile::<W, E, 3, V>(w, o, pv, stride, i0, span, first, ahead),
-            4 => values_tile::<W, E, 4, V>(w, o, pv, stride, i0, span, first, ahead),
-            5 => values_tile::<W, E, 5, V>(w, o, pv, stride, i0, span, first, ahead),
-            _ => values_tile::<W, E, 6, V>(w, o, pv, stride, i0, span, first, ahead),
+            1 => values_tile::<W, E, 1, V>(w, o, r, pv, stride, i0, n, at, ahead),
+            2 => values_tile::<W, E, 2, V>(w, o, r, pv, stride, i0, n, at, ahead),
+            3 => values_tile::<W, E, 3, V>(w, o, r, pv, stride, i0, n, at, ahead),
+            4 => values_tile::<W, E, 4, V>(w, o, r, pv, stride, i0, n, at, ahead),
+            5 => values_tile::<W, E, 5, V>(w, o, r, pv, stride, i0, n, at, ahead),
+            _ => values_tile::<W, E, 6, V>(w, o, r, pv, stride, i0, n, at, ahead),
         }
     }
 }
 
-/// `kernels::attend_rows` for head sizes that are a multiple of the width's lanes: a small matrix
-/// product in blocks of `P` vectors of positions. Scores (`scores_of`): tiles of up to `QS`
-/// queries (of any rows) times a block, each row of transposed keys loaded once per tile and each
-/// query element broadcast; the positions past the last whole vector are one scalar fused chain
-/// each. Values (`values_of`): tiles of several query heads of a row times a few vectors of
-/// output, each value loaded once per tile. Every score and output is the same chain of
-/// operations whatever shares the call, so a row's result does not depend on the batch (nor on the
-/// width).
+/// Every output of the queries (`outs`, `hd` each) rescaled and given the weighted values of the
+/// `n` positions `at(0..n)`: the head split into runs of 8, 4, 2 or 1 vectors.
+#[inline(always)]
+unsafe fn values_block<W: Width, E: KvElem, const ACC: usize>(
+    ws: &[*mut f32],
+    outs: &[*mut f32],
+    rescale: &[f32],
+    kv: &KvOf<'_, E>,
+    n: usize,
+    at: impl Fn(usize) -> usize + Copy,
+    ahead: usize,
+) {
+    let mut i0 = 0;
+    while i0 < kv.hd {
+        let w = (kv.hd - i0) / W::LANES;
+        let pf = if i0 == 0 { ahead } else { 0 };
+        let v = if w >= 8 && ACC >= 24 {
+            values_tiles::<W, E, ACC, 8>(ws, outs, rescale, kv, i0, n, at, pf);
+            8
+        } else if w >= 4 {
+            values_tiles::<W, E, ACC, 4>(ws, outs, rescale, kv, i0, n, at, pf);
+            4
+        } else if w >= 2 {
+            values_tiles::<W, E, ACC, 2>(ws, outs, rescale, kv, i0, n, at, pf);
+            2
+        } else {
+            values_tiles::<W, E, ACC, 1>(ws, outs, rescale, kv, i0, n, at, pf);
+            1
+        };
+        i0 += v * W::LANES;
+    }
+}
+
+/// The rows of one call (query `j` is head `j % group` of row `j / group`). Row `r` sees the first `row_len(r)` of the `len` positions; `swept(r)` of them
+/// go through the sweep over whole blocks, the rest of a tree row through `tree_tail`.
+#[derive(Clone, Copy)]
+struct Shape<'a> {
+    rows: usize,
+    len: usize,
+    tree: Option<TreeMask<'a>>,
+}
+
+impl Shape<'_> {
+    fn row_len(&self, r: usize) -> usize {
+        self.len - (self.rows - 1 - r)
+    }
+
+    fn swept(&self, r: usize) -> usize {
+        match self.tree {
+            Some(m) => m.start / BLOCK * BLOCK,
+            None => self.row_len(r),
+        }
+    }
+}
+
+/// Working space of one call: each query's weights of a block, the tail of a tree row for
+/// `QUERIES` queries, and each query's running maximum, sum and latest rescaling factor.
+struct Scratch<'a> {
+    weights: &'a mut [f32],
+    tail: &'a mut [f32],
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+    rescale: &'a mut [f32],
+}
+
+impl<'a> Scratch<'a> {
+    fn new(v: &'a mut Vec<f32>, queries: usize) -> Scratch<'a> {
+        v.clear();
+        v.resize((BLOCK + 3) * queries + QUERIES * 2 * BLOCK, 0.0);
+        let (weights, rest) = v.split_at_mut(queries * BLOCK);
+        let (tail, rest) = rest.split_at_mut(QUERIES * 2 * BLOCK);
+        let (max, rest) = rest.split_at_mut(queries);
+        let (sum, rescale) = rest.split_at_mut(queries);
+        max.fill(f32::NEG_INFINITY);
+        Scratch {
+            weights,
+            tail,
+            max,
+            sum,
+            rescale,
+        }
+    }
+}
+
+/// `kernels::attend_rows` for head sizes that are a multiple of the width's lanes. The sweep
+/// over blocks of positions (`sweep_block`), a tree row's last blocks (`tree_tail`), then every
+/// output divided by its sum.
 ///
 /// # Safety
 /// Called from a function compiled for `W`'s instructions and FMA; `hd % W::LANES == 0`; the
@@ -213,7 +463,7 @@ unsafe fn values_tiles<W: Width, E: KvElem, const ACC: usize, const V: usize>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_rows_wide<
-    W: Width,
+    W: Width + BlockWeights,
     E: KvElem,
     const QS: usize,
     const P: usize,
@@ -225,154 +475,197 @@ unsafe fn attend_rows_wide<
     kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
-    scores: &mut [f32],
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let hd = kv.hd;
+    let group = out.len() / rows / hd;
     let shape = Shape {
         rows,
-        group: out.len() / rows / kv.hd,
         len: kv.len,
+        tree,
     };
-    scores_of::<W, E, QS, P>(q, q_stride, shape, kv, scale, scores);
-    for j in 0..rows * shape.group {
-        let r = j / shape.group;
-        let n = shape.row_len(r);
-        softmax_visible(
-            &mut scores[j * kv.len..j * kv.len + n],
-            tree.map(|m| m.row(r)),
-        );
-    }
-    values_of::<W, E, P, ACC>(shape, kv, scores, out);
-}
-
-/// The rows of one call: `group` query heads each; row `r` sees the first `row_len(r)` of the
-/// `len` positions. Query `j` is head `j % group` of row `j / group`; its scores take `len`
-/// floats at `scores[j * len..]` (a row with fewer positions leaves the end of its scores unused).
-#[derive(Clone, Copy)]
-struct Shape {
-    rows: usize,
-    group: usize,
-    len: usize,
-}
-
-impl Shape {
-    fn row_len(&self, r: usize) -> usize {
-        self.len - (self.rows - 1 - r)
-    }
-}
-
-/// Every query's scaled scores against the positions its row sees, into `scores`.
-#[inline(always)]
-unsafe fn scores_of<W: Width, E: KvElem, const QS: usize, const P: usize>(
-    q: &[f32],
-    q_stride: usize,
-    shape: Shape,
-    kv: KvOf<'_, E>,
-    scale: f32,
-    scores: &mut [f32],
-) {
-    let Shape { group, len, .. } = shape;
-    let (pk, ks, hd) = (kv.keys.as_ptr(), kv.key_stride, kv.hd);
-    let nq = shape.rows * group;
-    let block = P * W::LANES;
-    let vscale = W::splat(scale);
-    let sp = scores.as_mut_ptr();
+    let nq = rows * group;
+    let mut s = Scratch::new(scratch, nq);
+    out.fill(0.0);
     let query = |j: usize| q.as_ptr().add((j / group) * q_stride + (j % group) * hd);
-    let whole = len / W::LANES * W::LANES;
-    for t0 in (0..whole).step_by(block) {
-        let vectors = ((whole - t0) / W::LANES).min(P);
-        for j0 in (0..nq).step_by(QS) {
-            let j1 = (j0 + QS).min(nq);
-            // Past the last position any query of the tile sees (the tile's last row sees most).
-            if t0 >= shape.row_len((j1 - 1) / group) {
-                continue;
-            }
-            let mut qs = [std::ptr::null::<f32>(); 6];
-            let mut os = [std::ptr::null_mut::<f32>(); 6];
-            for j in j0..j1 {
-                qs[j - j0] = query(j);
-                os[j - j0] = sp.add(j * len);
-            }
-            let pf = if j0 == 0 { prefetch_ahead(t0, len) } else { 0 };
-            if vectors == P {
-                scores_tiles::<W, E, P>(j1 - j0, &qs, &os, pk, ks, hd, t0, vscale, pf);
-            } else {
-                for v in 0..vectors {
-                    let t = t0 + v * W::LANES;
-                    scores_tiles::<W, E, 1>(j1 - j0, &qs, &os, pk, ks, hd, t, vscale, 0);
+    let po = out.as_mut_ptr();
+    let sweep = Sweep {
+        query: &query,
+        out: po,
+        group,
+        shape,
+    };
+    for t0 in (0..shape.swept(rows - 1)).step_by(BLOCK) {
+        sweep_block::<W, E, QS, P, ACC>(&sweep, &kv, scale, t0, &mut s);
+    }
+    if let Some(m) = tree {
+        for r in 0..rows {
+            for g0 in (0..group).step_by(QUERIES) {
+                let heads = r * group + g0..r * group + (g0 + QUERIES).min(group);
+                let sees = Visible {
+                    start: m.start,
+                    bits: m.rows[r],
+                };
+                let (q, o) = (
+                    heads.clone().map(query),
+                    heads.clone().map(|j| po.add(j * hd)),
+                );
+                let (mut qs, mut os) = ([std::ptr::null(); QUERIES], [po; QUERIES]);
+                for (i, (q, o)) in q.zip(o).enumerate() {
+                    (qs[i], os[i]) = (q, o);
                 }
+                let n = heads.len();
+                let run = (&mut s.max[heads.clone()], &mut s.sum[heads]);
+                let part = (&qs[..n], &os[..n]);
+                tree_tail::<W, E, QS, P, ACC>(
+                    part,
+                    run,
+                    &kv,
+                    scale,
+                    sees,
+                    shape.row_len(r),
+                    s.tail,
+                );
             }
         }
     }
     for j in 0..nq {
-        let pq = query(j);
-        for t in whole..shape.row_len(j / group) {
-            let mut acc = 0f32;
-            for i in 0..hd {
-                acc = (*pq.add(i)).mul_add((*pk.add(i * ks + t)).to_f32(), acc);
-            }
-            *sp.add(j * len + t) = acc * scale;
+        let inv = 1.0 / s.sum[j];
+        for o in &mut out[j * hd..(j + 1) * hd] {
+            *o *= inv;
         }
     }
 }
 
-/// Every query's weighted sum of the values (weights in `scores`), into `out`: in blocks of
-/// positions, the partial sums waiting in `out` between blocks.
+/// What every block of the sweep needs: where query `j` and its output are, the group size and
+/// the rows' shape.
+struct Sweep<'a, F> {
+    query: &'a F,
+    out: *mut f32,
+    group: usize,
+    shape: Shape<'a>,
+}
+
+/// One block of positions from `t0` for every query that sees some of it (a suffix of the
+/// queries, rows seeing more the later they are): first, `QUERIES` queries at a time, scores in
+/// tiles of `QS` queries by `P` vectors of positions and the block's weights (`block_weights`,
+/// positions a row does not see weighing zero), the block's keys staying in L1 for all; then the
+/// weighted values into every output, in tiles of queries by vectors of output (`ACC`
+/// accumulators), the block's values staying in L1 for all.
 #[inline(always)]
-unsafe fn values_of<W: Width, E: KvElem, const P: usize, const ACC: usize>(
-    shape: Shape,
-    kv: KvOf<'_, E>,
-    scores: &[f32],
-    out: &mut [f32],
+unsafe fn sweep_block<
+    W: Width + BlockWeights,
+    E: KvElem,
+    const QS: usize,
+    const P: usize,
+    const ACC: usize,
+>(
+    sweep: &Sweep<'_, impl Fn(usize) -> *const f32>,
+    kv: &KvOf<'_, E>,
+    scale: f32,
+    t0: usize,
+    s: &mut Scratch<'_>,
 ) {
-    let Shape { rows, group, len } = shape;
-    let (pv, stride, hd) = (kv.values.as_ptr(), kv.value_stride, kv.hd);
-    let gw = group * hd;
-    let block = P * W::LANES;
-    let sp = scores.as_ptr();
-    let po = out.as_mut_ptr();
-    for t0 in (0..len).step_by(block) {
-        for r in 0..rows {
-            let t1 = (t0 + block).min(shape.row_len(r));
-            if t0 >= t1 {
-                continue;
-            }
-            let mut ws = [std::ptr::null::<f32>(); 16];
-            let mut os = [std::ptr::null_mut::<f32>(); 16];
-            for g0 in (0..group).step_by(16) {
-                let g1 = (g0 + 16).min(group);
-                for g in g0..g1 {
-                    ws[g - g0] = sp.add((r * group + g) * len);
-                    os[g - g0] = po.add(r * gw + g * hd);
-                }
-                let (ws, os) = (&ws[..g1 - g0], &os[..g1 - g0]);
-                // The first tile of the block's first row prefetches the values ahead.
-                let pf = if r == 0 && g0 == 0 {
-                    prefetch_ahead(t0, len)
-                } else {
-                    0
-                };
-                let (span, first) = ((t0, t1), t0 == 0);
-                let mut i0 = 0;
-                while i0 < hd {
-                    let w = (hd - i0) / W::LANES;
-                    let pf = if i0 == 0 { pf } else { 0 };
-                    if w >= 8 && ACC >= 24 {
-                        values_tiles::<W, E, ACC, 8>(ws, os, pv, stride, i0, span, first, pf);
-                        i0 += 8 * W::LANES;
-                    } else if w >= 4 {
-                        values_tiles::<W, E, ACC, 4>(ws, os, pv, stride, i0, span, first, pf);
-                        i0 += 4 * W::LANES;
-                    } else if w >= 2 {
-                        values_tiles::<W, E, ACC, 2>(ws, os, pv, stride, i0, span, first, pf);
-                        i0 += 2 * W::LANES;
-                    } else {
-                        values_tiles::<W, E, ACC, 1>(ws, os, pv, stride, i0, span, first, pf);
-                        i0 += W::LANES;
-                    }
-                }
-            }
+    let (group, hd) = (sweep.group, kv.hd);
+    let nq = sweep.shape.rows * group;
+    let first = (0..nq)
+        .find(|&j| sweep.shape.swept(j / group) > t0)
+        .unwrap_or(nq);
+    let seen = |j: usize| (sweep.shape.swept(j / group) - t0).min(BLOCK);
+    let weights = s.weights.as_mut_ptr();
+    let mut ws = [weights; QUERIES];
+    for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
+        let j1 = (j0 + QUERIES).min(nq);
+        let mut qs = [std::ptr::null(); QUERIES];
+        for j in j0..j1 {
+            (qs[j - j0], ws[j - j0]) = ((sweep.query)(j), weights.add(j * BLOCK));
         }
+        let a = j1 - j0;
+        let pf = if pass == 0 {
+            prefetch_ahead(t0, kv.len)
+        } else {
+            0
+        };
+        let n = seen(j1 - 1);
+        scores_span::<W, E, QS, P>(&qs[..a], &ws[..a], kv, (t0, t0 + n), scale, pf);
+        for j in j0..j1 {
+            let (max, sum) = (&mut s.max[j], &mut s.sum[j]);
+            s.rescale[j] = W::block_weights(ws[j - j0], seen(j), max, sum);
+        }
+    }
+    let mut os = [sweep.out; QUERIES];
+    for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
+        let j1 = (j0 + QUERIES).min(nq);
+        for j in j0..j1 {
+            (ws[j - j0], os[j - j0]) = (weights.add(j * BLOCK), sweep.out.add(j * hd));
+        }
+        let a = j1 - j0;
+        let pf = if pass == 0 {
+            prefetch_ahead(t0, kv.len)
+        } else {
+            0
+        };
+        let (ws, os, rescale) = (&ws[..a], &os[..a], &s.rescale[j0..j1]);
+        values_block::<W, E, ACC>(ws, os, rescale, kv, seen(j1 - 1), |k| t0 + k, pf);
+    }
+}
+
+/// The positions of a tree row from the block holding its tree's first one: their scores for
+/// the heads `qs` (outputs `outs`, running maxima and sums `run`), the ones the row sees (below
+/// `end`) packed in order, as the row's path alone would hold them, then the online softmax and
+/// the values over those in blocks (at most two).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tree_tail<
+    W: Width + BlockWeights,
+    E: KvElem,
+    const QS: usize,
+    const P: usize,
+    const ACC: usize,
+>(
+    (qs, outs): (&[*const f32], &[*mut f32]),
+    (max, sum): (&mut [f32], &mut [f32]),
+    kv: &KvOf<'_, E>,
+    scale: f32,
+    sees: Visible,
+    end: usize,
+    tail: &mut [f32],
+) {
+    let from = sees.start / BLOCK * BLOCK;
+    // At most BLOCK - 1 committed positions, then at most 64 of the tree.
+    let span = end - from;
+    let cap = 2 * BLOCK;
+    debug_assert!(span <= cap && qs.len() * cap <= tail.len());
+    let mut ws = [tail.as_mut_ptr(); QUERIES];
+    for i in 0..qs.len() {
+        ws[i] = tail.as_mut_ptr().add(i * cap);
+    }
+    let ws = &ws[..qs.len()];
+    scores_span::<W, E, QS, P>(qs, ws, kv, (from, end), scale, 0);
+    let mut at = [0usize; 2 * BLOCK];
+    let mut n = 0;
+    for t in from..end {
+        if sees.sees(t) {
+            at[n] = t;
+            n += 1;
+        }
+    }
+    for &w in ws {
+        for k in 0..n {
+            *w.add(k) = *w.add(at[k] - from);
+        }
+    }
+    for b0 in (0..n).step_by(BLOCK) {
+        let seen = (n - b0).min(BLOCK);
+        let mut rescale = [0f32; QUERIES];
+        let mut wb = [tail.as_mut_ptr(); QUERIES];
+        for i in 0..ws.len() {
+            wb[i] = ws[i].add(b0);
+            rescale[i] = W::block_weights(wb[i], seen, &mut max[i], &mut sum[i]);
+        }
+        let h = ws.len();
+        values_block::<W, E, ACC>(&wb[..h], outs, &rescale[..h], kv, seen, |k| at[b0 + k], 0);
     }
 }
 
@@ -390,10 +683,10 @@ pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
-    scores: &mut [f32],
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scores, out)
+    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scratch, out)
 }
 
 /// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
@@ -411,8 +704,24 @@ pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     kv: KvOf<'_, E>,
     scale: f32,
     tree: Option<TreeMask<'_>>,
-    scores: &mut [f32],
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scores, out)
+    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scratch, out)
+}
+
+/// `attention::attend_plain` compiled with FMA, so that its `mul_add`s are single instructions
+/// (the same bits).
+///
+/// # Safety
+/// The CPU must have FMA.
+#[target_feature(enable = "fma")]
+pub(crate) unsafe fn attend_plain_fma<E: KvElem>(
+    qh: &[f32],
+    kv: KvOf<'_, E>,
+    scale: f32,
+    seen: &[usize],
+    out: &mut [f32],
+) {
+    attend_plain(qh, kv, scale, seen, out)
 }

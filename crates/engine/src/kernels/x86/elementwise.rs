@@ -38,7 +38,7 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// 7 (truncation below 1e-8 relative), times 2^n. Inputs are clamped to [-87, 88], where 2^n is a
 /// normal float; below that the result is about 1.6e-38 instead of smaller.
 #[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
     let x = _mm256_min_ps(
         _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
         _mm256_set1_ps(88.0),
@@ -59,6 +59,29 @@ unsafe fn exp8(x: __m256) -> __m256 {
         _mm256_set1_epi32(127),
     ));
     _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+}
+
+/// `exp8` on sixteen floats: the same operations, lane for lane, so the same bits.
+#[inline(always)]
+pub(super) unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 5040.0);
+    for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / c));
+    }
+    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_mul_ps(p, _mm512_castsi512_ps(scale))
 }
 
 /// `kernels::softmax` with `exp8`.

@@ -13,7 +13,7 @@ mod peak;
 mod products;
 mod width;
 
-pub(crate) use attention::{attend_rows_avx2, attend_rows_avx512};
+pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{
     packed_rows_avx2, packed_rows_avx512, packed_rows_avx_vnni, packed_rows_avx_vnni_evex,
