@@ -402,8 +402,9 @@ unsafe fn values_block<W: Width, E: KvElem, const ACC: usize>(
     }
 }
 
-/// The rows of one call (query `j` is head `j % group` of row `j / group`). Row `r` sees the first `row_len(r)` of the `len` positions; `swept(r)` of them
-/// go through the sweep over whole blocks, the rest of a tree row through `tree_tail`.
+/// The rows of one call (query `j` is head `j % group` of row `j / group`). Row `r` sees the
+/// first `row_len(r)` of the `len` positions; `swept(r)` of them go through the sweep over
+/// blocks, the rest of a tree row through `tree_tail`.
 #[derive(Clone, Copy)]
 struct Shape<'a> {
     rows: usize,
