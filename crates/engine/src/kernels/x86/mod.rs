@@ -1,6 +1,6 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
-//! layout), `packed` (the same over the interleaved layout), `attention`, and `elementwise` (dot,
-//! softmax, SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
+//! layout), `packed` (the same over the interleaved layout), `attention` (with `online_softmax`,
+//! its weights of a block), and `elementwise` (dot, softmax, SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
 use super::format::Format;
@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 mod attention;
 mod elementwise;
+mod online_softmax;
 mod packed;
 mod peak;
 mod products;
