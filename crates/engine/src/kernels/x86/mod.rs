@@ -1,7 +1,8 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout), `attention` (with `online_softmax`,
-//! its weights of a block), and `elementwise` (dot, softmax, SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
-//! `#[target_feature]` names, which their callers in `kernels` check first.
+//! its weights of a block), and `elementwise` (dot, softmax, SwiGLU). All are `unsafe`: they may
+//! only run on a CPU with the features their `#[target_feature]` names, which their callers in
+//! `kernels` check first.
 
 use super::format::Format;
 use std::arch::x86_64::*;
