@@ -239,8 +239,7 @@ pub fn attend_with(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let hd = kv.hd;
-    assert!(hd > 0 && q.len().is_multiple_of(hd) && out.len() == q.len());
+    assert_eq!(out.len(), q.len(), "one output per query element");
     attend_rows(isa, q, q.len(), 1, kv, scale, None, scratch, out)
 }
 
@@ -363,11 +362,9 @@ pub(crate) fn attend_plain<E: KvElem>(
             *wk = exp_lane(*wk - block_max);
             lanes[k % 8] += *wk;
         }
-        let l = lanes;
-        sum = sum.mul_add(
-            rescale,
-            ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])),
-        );
+        let l = &lanes;
+        let block_sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        sum = sum.mul_add(rescale, block_sum);
         max = block_max;
         for (i, o) in out.iter_mut().enumerate() {
             *o = w.iter().zip(block).fold(*o * rescale, |a, (wk, &t)| {

@@ -3,6 +3,7 @@
 //! batch of rows and as a node of a draft tree.
 
 use super::*;
+use crate::kernels::elementwise::exp_lane;
 
 /// The textbook attention of one query head over the positions `seen` of `kv`, in f64: scores
 /// q.k scaled, their softmax (maximum subtracted), the weighted sum of the values.

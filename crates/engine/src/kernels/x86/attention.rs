@@ -154,7 +154,7 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
         q6[..n].copy_from_slice(&qs[j0..j0 + n]);
         let pf = if j0 == 0 { ahead } else { 0 };
         let mut t = t_a;
-        let at = |t: usize| {
+        let outs_from = |t: usize| {
             let mut o6 = [std::ptr::null_mut::<f32>(); 6];
             for j in 0..n {
                 o6[j] = outs[j0 + j].add(t - t_a);
@@ -162,11 +162,11 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
             o6
         };
         while t + P * W::LANES <= vector_end {
-            scores_tiles::<W, E, P>(n, &q6, &at(t), pk.add(t), ks, hd, vscale, pf);
+            scores_tiles::<W, E, P>(n, &q6, &outs_from(t), pk.add(t), ks, hd, vscale, pf);
             t += P * W::LANES;
         }
         while t < vector_end {
-            scores_tiles::<W, E, 1>(n, &q6, &at(t), pk.add(t), ks, hd, vscale, 0);
+            scores_tiles::<W, E, 1>(n, &q6, &outs_from(t), pk.add(t), ks, hd, vscale, 0);
             t += W::LANES;
         }
     }
@@ -394,30 +394,8 @@ unsafe fn attend_rows_wide<
         for r in 0..rows {
             for g0 in (0..group).step_by(QUERIES) {
                 let heads = r * group + g0..r * group + (g0 + QUERIES).min(group);
-                let sees = Visible {
-                    start: m.start,
-                    bits: m.rows[r],
-                };
-                let (q, o) = (
-                    heads.clone().map(query),
-                    heads.clone().map(|j| po.add(j * hd)),
-                );
-                let (mut qs, mut os) = ([std::ptr::null(); QUERIES], [po; QUERIES]);
-                for (i, (q, o)) in q.zip(o).enumerate() {
-                    (qs[i], os[i]) = (q, o);
-                }
-                let n = heads.len();
-                let run = (&mut s.max[heads.clone()], &mut s.sum[heads]);
-                let part = (&qs[..n], &os[..n]);
-                tree_tail::<W, E, QS, P, ACC>(
-                    part,
-                    run,
-                    &kv,
-                    scale,
-                    sees,
-                    shape.row_len(r),
-                    s.tail,
-                );
+                let (sees, end) = (m.row(r), shape.row_len(r));
+                tree_tail::<W, E, QS, P, ACC>(&sweep, heads, &mut s, &kv, scale, sees, end);
             }
         }
     }
@@ -465,6 +443,8 @@ unsafe fn sweep_block<
         .unwrap_or(nq);
     let seen = |j: usize| (sweep.shape.swept(j / group) - t0).min(BLOCK);
     let weights = s.weights.as_mut_ptr();
+    // The first tiles of each phase prefetch the keys, then the values, ahead.
+    let ahead = prefetch_ahead(t0, kv.len);
     let mut ws = [weights; QUERIES];
     for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
         let j1 = (j0 + QUERIES).min(nq);
@@ -473,11 +453,7 @@ unsafe fn sweep_block<
             (qs[j - j0], ws[j - j0]) = ((sweep.query)(j), weights.add(j * BLOCK));
         }
         let a = j1 - j0;
-        let pf = if pass == 0 {
-            prefetch_ahead(t0, kv.len)
-        } else {
-            0
-        };
+        let pf = if pass == 0 { ahead } else { 0 };
         let n = seen(j1 - 1);
         scores_span::<W, E, QS, P>(&qs[..a], &ws[..a], kv, (t0, t0 + n), scale, pf);
         for j in j0..j1 {
@@ -492,20 +468,16 @@ unsafe fn sweep_block<
             (ws[j - j0], os[j - j0]) = (weights.add(j * BLOCK), sweep.out.add(j * hd));
         }
         let a = j1 - j0;
-        let pf = if pass == 0 {
-            prefetch_ahead(t0, kv.len)
-        } else {
-            0
-        };
+        let pf = if pass == 0 { ahead } else { 0 };
         let (ws, os, rescale) = (&ws[..a], &os[..a], &s.rescale[j0..j1]);
         values_block::<W, E, ACC>(ws, os, rescale, kv, seen(j1 - 1), |k| t0 + k, pf);
     }
 }
 
-/// The positions of a tree row from the block holding its tree's first one: their scores for
-/// the heads `qs` (outputs `outs`, running maxima and sums `run`), the ones the row sees (below
-/// `end`) packed in order, as the row's path alone would hold them, then the online softmax and
-/// the values over those in blocks (at most two).
+/// The positions of a tree row from the block holding its tree's first one, for the query
+/// `heads` (at most `QUERIES`, of one row): their scores, the ones the row sees (below `end`)
+/// packed in order, as the row's path alone would hold them, then the online softmax and the
+/// values over those in blocks (at most two).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tree_tail<
@@ -515,25 +487,26 @@ unsafe fn tree_tail<
     const P: usize,
     const ACC: usize,
 >(
-    (qs, outs): (&[*const f32], &[*mut f32]),
-    (max, sum): (&mut [f32], &mut [f32]),
+    sweep: &Sweep<'_, impl Fn(usize) -> *const f32>,
+    heads: std::ops::Range<usize>,
+    s: &mut Scratch<'_>,
     kv: &KvOf<'_, E>,
     scale: f32,
     sees: Visible,
     end: usize,
-    tail: &mut [f32],
 ) {
     let from = sees.start / BLOCK * BLOCK;
     // At most BLOCK - 1 committed positions, then at most 64 of the tree.
-    let span = end - from;
     let cap = 2 * BLOCK;
-    debug_assert!(span <= cap && qs.len() * cap <= tail.len());
-    let mut ws = [tail.as_mut_ptr(); QUERIES];
-    for i in 0..qs.len() {
-        ws[i] = tail.as_mut_ptr().add(i * cap);
+    let h = heads.len();
+    debug_assert!(end - from <= cap && h * cap <= s.tail.len());
+    let (mut qs, mut os) = ([std::ptr::null(); QUERIES], [sweep.out; QUERIES]);
+    let mut ws = [s.tail.as_mut_ptr(); QUERIES];
+    for (i, j) in heads.clone().enumerate() {
+        (qs[i], os[i]) = ((sweep.query)(j), sweep.out.add(j * kv.hd));
+        ws[i] = s.tail.as_mut_ptr().add(i * cap);
     }
-    let ws = &ws[..qs.len()];
-    scores_span::<W, E, QS, P>(qs, ws, kv, (from, end), scale, 0);
+    scores_span::<W, E, QS, P>(&qs[..h], &ws[..h], kv, (from, end), scale, 0);
     let mut at = [0usize; 2 * BLOCK];
     let mut n = 0;
     for t in from..end {
@@ -542,21 +515,28 @@ unsafe fn tree_tail<
             n += 1;
         }
     }
-    for &w in ws {
+    for &w in &ws[..h] {
         for k in 0..n {
             *w.add(k) = *w.add(at[k] - from);
         }
     }
+    let (max, sum) = (&mut s.max[heads.clone()], &mut s.sum[heads]);
     for b0 in (0..n).step_by(BLOCK) {
         let seen = (n - b0).min(BLOCK);
-        let mut rescale = [0f32; QUERIES];
-        let mut wb = [tail.as_mut_ptr(); QUERIES];
-        for i in 0..ws.len() {
+        let (mut wb, mut rescale) = (ws, [0f32; QUERIES]);
+        for i in 0..h {
             wb[i] = ws[i].add(b0);
             rescale[i] = W::block_weights(wb[i], seen, &mut max[i], &mut sum[i]);
         }
-        let h = ws.len();
-        values_block::<W, E, ACC>(&wb[..h], outs, &rescale[..h], kv, seen, |k| at[b0 + k], 0);
+        values_block::<W, E, ACC>(
+            &wb[..h],
+            &os[..h],
+            &rescale[..h],
+            kv,
+            seen,
+            |k| at[b0 + k],
+            0,
+        );
     }
 }
 
