@@ -26,6 +26,9 @@ pub struct QuantizedActs {
     pub(crate) ds: Vec<f32>,
     /// Sums of each 16 integers (256-blocks).
     pub(crate) bsums: Vec<i16>,
+    /// 256-blocks: -32 times each of `bsums`, as i32 (Q6_K stores its values plus 32; the packed
+    /// kernels with VNNI start each sub-block's integer sum from it).
+    pub(crate) q6k_offsets: Vec<i32>,
     /// Per 32 elements: the sum of those 32 integers (within +-32 * 127; the packed Q4_K kernel
     /// broadcasts them two at a time).
     pub(crate) isums: Vec<i16>,
@@ -92,6 +95,11 @@ impl QuantizedActs {
             let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
             part.quantize(isa, block);
         });
+        self.q6k_offsets.clear();
+        if block == 256 {
+            self.q6k_offsets
+                .extend(self.bsums.iter().map(|&b| -32 * b as i32));
+        }
     }
 
     /// Fills `spread_d` from `d` (32-blocks).

@@ -178,6 +178,14 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
         }
     }
 
+    /// With VNNI: row `r`'s sum of the next sub-block starts from `v` instead of zero.
+    #[inline(always)]
+    unsafe fn start_from(&mut self, r: usize, v: W::I) {
+        if VNNI {
+            self.a[r] = v;
+        }
+    }
+
     /// Row `r`'s sum of every sub-block's scaled sums so far.
     #[inline(always)]
     unsafe fn scaled_total(&self, r: usize) -> W::I {
@@ -358,7 +366,9 @@ unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
 
 /// Packed Q6_K (see `packed`). As Q4_K, a super-block's sums are one integer per row and lane
 /// before any float: the scale times each sub-block's products, less 32 times the scale times its
-/// activation sum (the values are stored plus 32).
+/// activation sum (the values are stored plus 32). With VNNI each sub-block's sums start from -32
+/// times its activation sum (`q6k_offsets`), so one multiply by the scale covers both; without,
+/// the offsets are added at the end, two sub-blocks to a `vpmaddwd`.
 #[inline(always)]
 unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
     let low = W::bytes(0x0F);
@@ -377,6 +387,13 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
             let h = W::load(blk.add(q6k::PACKED_QH + 64 * t + 4 * l0));
             let sc = W::i8s_i32(scales.add(16 * t));
             let sc16 = W::pair16(sc, sc);
+            if VNNI {
+                for r in 0..MR {
+                    let o = acts.q6k_offsets.as_ptr();
+                    let o = o.add(((at.r0 + r) * k + s * 256) / 16 + t);
+                    sums.start_from(r, W::bcast4(o as *const i8));
+                }
+            }
             // Values up to 63: two steps to a flush.
             const { assert!(steps_in_16_bits(63) >= 2) };
             for u in 0..2 {
@@ -394,17 +411,19 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
             }
             sums.end_sub_block(sc);
         }
-        // The offsets: -32 times the scale, two sub-blocks to a `vpmaddwd` against two
-        // activation sums.
-        for i in 0..8 {
-            let neg = |o: usize| W::sub32(W::zero(), W::shl32::<5>(W::i8s_i32(scales.add(o))));
-            let sc = W::pair16(neg(32 * i), neg(32 * i + 16));
-            for r in 0..MR {
-                let b = acts
-                    .bsums
-                    .as_ptr()
-                    .add(((at.r0 + r) * k + s * 256) / 16 + 2 * i);
-                sums.add_scaled(r, W::madd16(sc, W::bcast4(b as *const i8)));
+        // Without VNNI, the offsets: -32 times the scale, two sub-blocks to a `vpmaddwd`
+        // against two activation sums.
+        if !VNNI {
+            for i in 0..8 {
+                let neg = |o: usize| W::sub32(W::zero(), W::shl32::<5>(W::i8s_i32(scales.add(o))));
+                let sc = W::pair16(neg(32 * i), neg(32 * i + 16));
+                for r in 0..MR {
+                    let b = acts
+                        .bsums
+                        .as_ptr()
+                        .add(((at.r0 + r) * k + s * 256) / 16 + 2 * i);
+                    sums.add_scaled(r, W::madd16(sc, W::bcast4(b as *const i8)));
+                }
             }
         }
         let d = W::f16s(blk.add(PACKED_D + 2 * l0));
