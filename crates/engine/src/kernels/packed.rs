@@ -277,15 +277,21 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
                 for h in 0..2 {
                     let bi = row * acts.k / 32 + 2 * s + h;
                     let xq = acts.q_at(row, 64 * s + 32 * h);
+                    // Q4_0 and Q5_0 decode to their values plus 8 and 16: the integer offset
+                    // makes the sum exact before any float.
                     let a: i32 = (0..32).map(|e| w[32 * h + e] as i32 * xq[e] as i32).sum();
+                    let a = a - acts.isums[bi] as i32
+                        * match p.format {
+                            Format::Q4_0 => 8,
+                            Format::Q5_0 => 16,
+                            _ => 0,
+                        };
                     let d = f16_at(blk, PACKED_D + 32 * h + 2 * l);
-                    let offset = match p.format {
-                        Format::Q4_0 => -8.0 * d,
-                        Format::Q4_1 => f16_at(blk, q4_1::PACKED_M + 32 * h + 2 * l),
-                        Format::Q5_0 => -16.0 * d,
-                        _ => 0.0,
-                    };
-                    acc += a as f32 * (d * acts.d[bi]) + offset * acts.ds[bi];
+                    acc = (a as f32).mul_add(d * acts.d[bi], acc);
+                    if p.format == Format::Q4_1 {
+                        let m = f16_at(blk, q4_1::PACKED_M + 32 * h + 2 * l);
+                        acc = m.mul_add(acts.ds[bi], acc);
+                    }
                 }
                 continue;
             }

@@ -29,6 +29,10 @@ pub struct QuantizedActs {
     /// 256-blocks: -32 times each of `bsums`, as i32 (Q6_K stores its values plus 32; the packed
     /// kernels with VNNI start each sub-block's integer sum from it).
     pub(crate) q6k_offsets: Vec<i32>,
+    /// 32-blocks: each block's integer sum times -8, -16 and -128, the offsets of the packed
+    /// Q4_0, Q5_0 and Q8_0 (stored plus 128) values, from which the packed kernels start the
+    /// block's integer sums (`OFFSET_Q4_0`, ...; the fourth is zero).
+    pub(crate) offsets32: Vec<[i32; 4]>,
     /// Per 32 elements: the sum of those 32 integers (within +-32 * 127; the packed Q4_K kernel
     /// broadcasts them two at a time).
     pub(crate) isums: Vec<i16>,
@@ -96,9 +100,13 @@ impl QuantizedActs {
             part.quantize(isa, block);
         });
         self.q6k_offsets.clear();
+        self.offsets32.clear();
         if block == 256 {
             self.q6k_offsets
                 .extend(self.bsums.iter().map(|&b| -32 * b as i32));
+        } else {
+            let offsets = |&i: &i16| [-8, -16, -128, 0].map(|c| c * i as i32);
+            self.offsets32.extend(self.isums.iter().map(offsets));
         }
     }
 
@@ -123,6 +131,11 @@ impl QuantizedActs {
         row * (self.k / self.block) + b
     }
 }
+
+/// Where each format's offset sits in an entry of `QuantizedActs::offsets32`.
+pub(crate) const OFFSET_Q4_0: usize = 0;
+pub(crate) const OFFSET_Q5_0: usize = 1;
+pub(crate) const OFFSET_Q8_0: usize = 2;
 
 /// A run of whole rows: the values and their share of every output of `QuantizedActs`.
 struct Blocks<'a> {

@@ -19,7 +19,7 @@ use super::width::{Width, Ymm, Zmm};
 use super::{Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
-use crate::kernels::quant::QuantizedActs;
+use crate::kernels::quant::{QuantizedActs, OFFSET_Q4_0, OFFSET_Q5_0, OFFSET_Q8_0};
 use std::arch::x86_64::*;
 
 /// How many activation rows share a pass over a register's weights, per width: each keeps its
@@ -178,7 +178,7 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
         }
     }
 
-    /// With VNNI: row `r`'s sum of the next sub-block starts from `v` instead of zero.
+    /// With VNNI: row `r`'s sums of the next block or sub-block start from `v` instead of zero.
     #[inline(always)]
     unsafe fn start_from(&mut self, r: usize, v: W::I) {
         if VNNI {
@@ -452,10 +452,10 @@ unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
     W::and(v, W::bytes(0x10))
 }
 
-/// Packed 32-column formats (see `packed`), units of two blocks: per block and row, the integer
-/// sum of the block times the weight scale times the activation scale, plus the format's offset
-/// per unit of activation sum (Q8_0, stored plus 128, takes 128 times the integer activation sum
-/// out before scaling).
+/// Packed 32-column formats (see `packed`), units of two blocks: per block and row, the exact
+/// integer sum of the block (the integer offsets of Q4_0, Q5_0 and, with VNNI, Q8_0 included:
+/// `QuantizedActs::offsets32`) times the weight scale times the activation scale; Q4_1 then adds
+/// its float minimum times the activation block's scaled sum.
 #[inline(always)]
 unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at: &Tile) {
     let bytes = const { Format::from_code(F).packed_bytes() };
@@ -476,14 +476,33 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
         );
         for h in 0..2 {
             let dw = W::f16s(blk.add(PACKED_D + 32 * h + 2 * l0));
-            let off = match F {
-                Q4_0 => W::mul(dw, W::splat(-8.0)),
-                Q4_1 => W::f16s(blk.add(q4_1::PACKED_M + 32 * h + 2 * l0)),
-                Q5_0 => W::mul(dw, W::splat(-16.0)),
-                _ => W::zero_f(),
+            // Q4_1's minimum is a float: times each activation block's scaled sum at the end.
+            let min = if F == Q4_1 {
+                W::f16s(blk.add(q4_1::PACKED_M + 32 * h + 2 * l0))
+            } else {
+                W::zero_f()
             };
             let mut sums = Sums::<W, VNNI, MR>::new();
             let x0 = 64 * s + 32 * h;
+            // The values are stored plus 8, 16 or (Q8_0 with VNNI) 128: that times minus the
+            // activation sum makes each row's sum the exact product. With VNNI the sums start
+            // from it; without, it is added at the end (on 256-bit registers an early start
+            // holds one more register per row through the block, which AVX2 has not got).
+            let offset = match F {
+                Q4_0 => Some(OFFSET_Q4_0),
+                Q5_0 => Some(OFFSET_Q5_0),
+                Q8_0 if VNNI => Some(OFFSET_Q8_0),
+                _ => None,
+            };
+            let offset_at = |r: usize, o: usize| {
+                let bi = ((at.r0 + r) * k + x0) / 32;
+                W::bcast4((acts.offsets32.as_ptr().add(bi) as *const i32).add(o) as *const i8)
+            };
+            if let (Some(o), true) = (offset, VNNI) {
+                for r in 0..MR {
+                    sums.start_from(r, offset_at(r, o));
+                }
+            }
             if F == Q8_0 {
                 for u in 0..8 {
                     let w = W::load(blk.add(values + 512 * h + 64 * u + 4 * l0));
@@ -528,16 +547,14 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
             for r in 0..MR {
                 let bi = ((at.r0 + r) * k + x0) / 32;
                 let mut sum = sums.total(r);
-                if F == Q8_0 && VNNI {
-                    // The unsigned products counted each activation 128 times too often.
-                    let bias = (*acts.isums.get_unchecked(bi) as i32) << 7;
-                    sum = W::sub32(sum, W::splat32(bias));
+                if let (Some(o), false) = (offset, VNNI) {
+                    sum = W::add32(sum, offset_at(r, o));
                 }
                 let scale = W::mul(dw, W::splat(*acts.d.get_unchecked(bi)));
                 acc[r] = W::fmadd(W::cvt(sum), scale, acc[r]);
-                if F != Q8_0 {
+                if F == Q4_1 {
                     let ds = W::splat(*acts.ds.get_unchecked(bi));
-                    acc[r] = W::fmadd(off, ds, acc[r]);
+                    acc[r] = W::fmadd(min, ds, acc[r]);
                 }
             }
         }

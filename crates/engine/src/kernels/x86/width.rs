@@ -31,7 +31,6 @@ pub(super) trait Width {
     unsafe fn shl32<const N: u32>(a: Self::I) -> Self::I;
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
-    unsafe fn splat32(v: i32) -> Self::I;
     unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
     /// `vpmaddubsw`: unsigned `w` by signed `x`, adjacent pairs summed to i16 (saturating).
     unsafe fn maddubs(w: Self::I, x: Self::I) -> Self::I;
@@ -129,10 +128,6 @@ impl Width for Zmm {
     #[inline(always)]
     unsafe fn sub32(a: __m512i, b: __m512i) -> __m512i {
         _mm512_sub_epi32(a, b)
-    }
-    #[inline(always)]
-    unsafe fn splat32(v: i32) -> __m512i {
-        _mm512_set1_epi32(v)
     }
     #[inline(always)]
     unsafe fn add16(a: __m512i, b: __m512i) -> __m512i {
@@ -273,10 +268,6 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn sub32(a: __m256i, b: __m256i) -> __m256i {
         _mm256_sub_epi32(a, b)
-    }
-    #[inline(always)]
-    unsafe fn splat32(v: i32) -> __m256i {
-        _mm256_set1_epi32(v)
     }
     #[inline(always)]
     unsafe fn add16(a: __m256i, b: __m256i) -> __m256i {
