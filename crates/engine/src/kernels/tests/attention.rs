@@ -56,8 +56,9 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
     assert!(bad.is_none(), "{what}: first difference at {bad:?}");
 }
 
-/// `attend_rows` over `rows` consecutive rows of `group` query heads each, no tree mask: every
-/// row's outputs, in order.
+/// `attend_rows` over `rows` consecutive rows of `group` query heads each, under `tree` if given:
+/// every row's outputs, in order.
+#[allow(clippy::too_many_arguments)]
 fn attend_all(
     isa: Isa,
     q: &[f32],
@@ -66,6 +67,7 @@ fn attend_all(
     group: usize,
     kv: KvHead<'_>,
     scale: f32,
+    tree: Option<TreeMask<'_>>,
 ) -> Vec<f32> {
     let mut out = vec![0f32; rows * group * kv.hd];
     let mut scratch = Vec::new();
@@ -76,7 +78,7 @@ fn attend_all(
         rows,
         kv,
         scale,
-        None,
+        tree,
         &mut scratch,
         &mut out,
     );
@@ -170,9 +172,9 @@ fn attention_over_rows_equals_each_row_alone_for<E: KvElem>() {
         let values: Vec<E> = cached(random_vec((len - 1) * stride + hd, 33 + len as u64));
         let scale = 1.0 / (hd as f32).sqrt();
         let kv = KvHead::new(&keys, &values, key_stride, stride, hd, len);
-        let plain = attend_all(Isa::Scalar, &q, q_stride, rows, group, kv, scale);
+        let plain = attend_all(Isa::Scalar, &q, q_stride, rows, group, kv, scale, None);
         for isa in Isa::available() {
-            let all = attend_all(isa, &q, q_stride, rows, group, kv, scale);
+            let all = attend_all(isa, &q, q_stride, rows, group, kv, scale, None);
             let what = format!("{isa:?} hd {hd} len {len} rows {rows}");
             assert_same_bits(&all, &plain, &what);
             for r in 0..rows {
@@ -234,33 +236,10 @@ fn tree_rows_equal_their_path_alone_for<E: KvElem>() {
             start,
             rows: &masks,
         };
-        let mut plain = vec![0f32; rows * group * hd];
-        let mut scratch = Vec::new();
-        let isa = Isa::Scalar;
-        attend_rows(
-            isa,
-            &q,
-            q_stride,
-            rows,
-            kv,
-            scale,
-            Some(tree),
-            &mut scratch,
-            &mut plain,
-        );
+        let attend_tree = |isa| attend_all(isa, &q, q_stride, rows, group, kv, scale, Some(tree));
+        let plain = attend_tree(Isa::Scalar);
         for isa in Isa::available() {
-            let mut all = vec![0f32; rows * group * hd];
-            attend_rows(
-                isa,
-                &q,
-                q_stride,
-                rows,
-                kv,
-                scale,
-                Some(tree),
-                &mut scratch,
-                &mut all,
-            );
+            let all = attend_tree(isa);
             let what = format!("{isa:?} hd {hd} start {start} rows {rows}");
             assert_same_bits(&all, &plain, &what);
             for r in 0..rows {
