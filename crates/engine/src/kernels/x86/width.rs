@@ -38,6 +38,13 @@ pub(super) trait Width {
     unsafe fn widen_pairs(p: Self::I) -> Self::I;
     /// `vpdpbusd`: `acc` plus the four products of unsigned `w` by signed `x` per 32-bit lane.
     unsafe fn dpbusd(acc: Self::I, w: Self::I, x: Self::I) -> Self::I;
+    /// Where registers are few: `v` computed by this point of the program, and no load moved
+    /// across it, so that a kernel's steps run one after the other. Left to itself the compiler
+    /// hoists the weights of every step of a block (or sinks the products to group them by row)
+    /// and spills what no longer fits in sixteen registers: on AVX2, `tbench` at 8 rows in L1 ran
+    /// Q8_0 at 48 and Q5_0 at 70 G multiply-adds/s per core with 40% and 14% of its time on
+    /// spilled registers, against 60 and 79 with the steps pinned (Zen 4).
+    unsafe fn pin(v: &mut Self::I);
     unsafe fn abs8(w: Self::I) -> Self::I;
     unsafe fn sign_of(w: Self::I) -> Self::Sign;
     /// `x` negated where the weight is negative (zero or unchanged where it is zero).
@@ -141,6 +148,10 @@ impl Width for Zmm {
     unsafe fn widen_pairs(p: __m512i) -> __m512i {
         _mm512_madd_epi16(p, _mm512_set1_epi16(1))
     }
+    /// Nothing: with 32 registers pinning was measured slower (Q5_0 and Q4_0 by 8-10% without
+    /// VNNI), the compiler's own order spilling little.
+    #[inline(always)]
+    unsafe fn pin(_: &mut __m512i) {}
     #[inline(always)]
     unsafe fn dpbusd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
         _mm512_dpbusd_epi32(acc, w, x)
@@ -280,6 +291,16 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn widen_pairs(p: __m256i) -> __m256i {
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+    /// An empty `asm!` that takes and gives back `v` in a register and may touch memory.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn pin(v: &mut __m256i) {
+        std::arch::asm!(
+            "/* {0} */",
+            inout(ymm_reg) * v,
+            options(nostack, preserves_flags)
+        );
     }
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
