@@ -148,27 +148,33 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
         .next_multiple_of(W::LANES)
         .min(kv.len / W::LANES * W::LANES);
     let vscale = W::splat(scale);
-    for j0 in (0..qs.len()).step_by(QS) {
+    // Positions outside, query groups inside: each tile's keys are read from memory by the first
+    // group and from L1 by the others.
+    let group = |j0: usize, t: usize| {
         let n = (qs.len() - j0).min(QS);
         let mut q6 = [std::ptr::null::<f32>(); 6];
         q6[..n].copy_from_slice(&qs[j0..j0 + n]);
-        let pf = if j0 == 0 { ahead } else { 0 };
-        let mut t = t_a;
-        let outs_from = |t: usize| {
-            let mut o6 = [std::ptr::null_mut::<f32>(); 6];
-            for j in 0..n {
-                o6[j] = outs[j0 + j].add(t - t_a);
-            }
-            o6
-        };
-        while t + P * W::LANES <= vector_end {
-            scores_tiles::<W, E, P>(n, &q6, &outs_from(t), pk.add(t), ks, hd, vscale, pf);
-            t += P * W::LANES;
+        let mut o6 = [std::ptr::null_mut::<f32>(); 6];
+        for j in 0..n {
+            o6[j] = outs[j0 + j].add(t - t_a);
         }
-        while t < vector_end {
-            scores_tiles::<W, E, 1>(n, &q6, &outs_from(t), pk.add(t), ks, hd, vscale, 0);
-            t += W::LANES;
+        (n, q6, o6)
+    };
+    let mut t = t_a;
+    while t + P * W::LANES <= vector_end {
+        for j0 in (0..qs.len()).step_by(QS) {
+            let (n, q6, o6) = group(j0, t);
+            let pf = if j0 == 0 { ahead } else { 0 };
+            scores_tiles::<W, E, P>(n, &q6, &o6, pk.add(t), ks, hd, vscale, pf);
         }
+        t += P * W::LANES;
+    }
+    while t < vector_end {
+        for j0 in (0..qs.len()).step_by(QS) {
+            let (n, q6, o6) = group(j0, t);
+            scores_tiles::<W, E, 1>(n, &q6, &o6, pk.add(t), ks, hd, vscale, 0);
+        }
+        t += W::LANES;
     }
     for (&pq, &po) in qs.iter().zip(outs) {
         for t in vector_end.max(t_a)..t_b {
@@ -445,22 +451,24 @@ unsafe fn sweep_block<
     let weights = s.weights.as_mut_ptr();
     // The first tiles of each phase prefetch the keys, then the values, ahead.
     let ahead = prefetch_ahead(t0, kv.len);
-    let mut ws = [weights; QUERIES];
-    for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
-        let j1 = (j0 + QUERIES).min(nq);
-        let mut qs = [std::ptr::null(); QUERIES];
-        for j in j0..j1 {
-            (qs[j - j0], ws[j - j0]) = ((sweep.query)(j), weights.add(j * BLOCK));
+    // Scores for up to `SCORED` queries at once, so that each tile of keys is read from memory
+    // once for all of them (a query's scores past what it sees are computed and not used).
+    const SCORED: usize = 8 * QUERIES;
+    for c0 in (first..nq).step_by(SCORED) {
+        let c1 = (c0 + SCORED).min(nq);
+        let (mut qs, mut ws) = ([std::ptr::null(); SCORED], [weights; SCORED]);
+        for j in c0..c1 {
+            (qs[j - c0], ws[j - c0]) = ((sweep.query)(j), weights.add(j * BLOCK));
         }
-        let a = j1 - j0;
-        let pf = if pass == 0 { ahead } else { 0 };
-        let n = seen(j1 - 1);
+        let (a, n) = (c1 - c0, seen(c1 - 1));
+        let pf = if c0 == first { ahead } else { 0 };
         scores_span::<W, E, QS, P>(&qs[..a], &ws[..a], kv, (t0, t0 + n), scale, pf);
-        for j in j0..j1 {
-            let (max, sum) = (&mut s.max[j], &mut s.sum[j]);
-            s.rescale[j] = W::block_weights(ws[j - j0], seen(j), max, sum);
-        }
     }
+    for j in first..nq {
+        let (max, sum) = (&mut s.max[j], &mut s.sum[j]);
+        s.rescale[j] = W::block_weights(weights.add(j * BLOCK), seen(j), max, sum);
+    }
+    let mut ws = [weights; QUERIES];
     let mut os = [sweep.out; QUERIES];
     for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
         let j1 = (j0 + QUERIES).min(nq);
