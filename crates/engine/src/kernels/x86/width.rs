@@ -292,7 +292,9 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     unsafe fn widen_pairs(p: __m256i) -> __m256i {
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
     }
-    /// An empty `asm!` that takes and gives back `v` in a register and may touch memory.
+    /// An empty `asm!` that takes and gives back `v` in a register and may touch memory. (Plain
+    /// `#[inline]`: a function with `target_feature` may not be `inline(always)`; the kernels,
+    /// compiled for AVX2, inline it.)
     #[inline]
     #[target_feature(enable = "avx")]
     unsafe fn pin(v: &mut __m256i) {
