@@ -127,7 +127,8 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
     }
 
     /// Without VNNI: the products of signed weights given as `|w|` and their signs, widened at
-    /// once (a pair of them can take all 16 bits).
+    /// once (a pair of them can take all 16 bits). Its 32-bit sum is pinned here (`Width::pin`):
+    /// these steps have no 16-bit sums for `pin` to hold.
     #[inline(always)]
     unsafe fn step_signed(&mut self, r: usize, w_abs: W::I, sign: W::Sign, x: W::I) {
         let pairs = W::maddubs(w_abs, W::with_sign(x, sign));
@@ -136,7 +137,7 @@ impl<W: Width, const VNNI: bool, const MR: usize> Sums<W, VNNI, MR> {
     }
 
     /// Without VNNI, every row's 16-bit sums pinned (`Width::pin`): the step before is done.
-    /// (With VNNI, and pinning the 32-bit sums too, measured slower.)
+    /// (Pinning the 32-bit sums as well, or pinning with VNNI, measured slower for these steps.)
     #[inline(always)]
     unsafe fn pin(&mut self) {
         if !VNNI {
