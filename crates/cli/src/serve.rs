@@ -1,4 +1,5 @@
-//! `pld serve`: the OpenAI-compatible server.
+//! `pld serve`: the HTTP server (OpenAI's chat and text completions and Responses API,
+//! Anthropic's Messages API).
 
 use crate::spec::SpecArgs;
 use clap::Args;
@@ -15,8 +16,9 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API routes; repeat for several keys. Each key
-    /// is a tenant: drafts from earlier requests come only from the same key's requests.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API routes; repeat for
+    /// several keys. Each key is a tenant: drafts, cached prefixes and stored responses of
+    /// earlier requests serve only the same key's requests.
     #[arg(long)]
     pub api_key: Vec<String>,
     /// Tokens of earlier prompts and outputs kept per tenant for drafting trees (0: none).
@@ -34,9 +36,21 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
-    /// The model name clients send (default: the --model argument).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
+    /// A name clients may send as `model` (default: the --model argument); repeat for several
+    /// (answers carry the first unless the request named another).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Vec<String>,
+    /// Responses API: stored responses kept (least recently used go first).
+    #[arg(long, default_value_t = server::DEFAULT_MAX_STORED_RESPONSES)]
+    pub max_stored_responses: usize,
+    /// Responses API: bytes of stored responses kept, as a number with an optional K, M or G.
+    #[arg(long, value_name = "SIZE", value_parser = crate::common::parse_bytes,
+          default_value_t = server::DEFAULT_STORED_RESPONSES_BYTES)]
+    pub stored_responses_bytes: usize,
+    /// Append every request body, with its time, API and tenant, to DIR/requests.jsonl (for
+    /// replaying agent traffic with `pld bench run --replay`).
+    #[arg(long, value_name = "DIR")]
+    pub record_requests: Option<std::path::PathBuf>,
     /// Allow browsers on this origin to call the API (CORS; `*` for any); repeat for several.
     /// Without it no CORS headers are sent.
     #[arg(long, value_name = "ORIGIN")]
@@ -65,10 +79,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .parse()
         .map_err(|e| anyhow::anyhow!("bad --host/--port '{}:{}': {e}", a.host, a.port))?;
     let config = server::ServerConfig {
-        model_name: a
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| a.model.clone()),
+        model_names: if a.served_model_name.is_empty() {
+            vec![a.model.clone()]
+        } else {
+            a.served_model_name.clone()
+        },
         api_keys: a.api_key.clone(),
         corpus_tokens: a.corpus_tokens,
         prefix_cache_bytes: a.prefix_cache.budget(),
@@ -79,6 +94,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         spec,
         cors_origins: a.allowed_origin.clone(),
         lenient: a.lenient,
+        max_stored_responses: a.max_stored_responses,
+        stored_responses_bytes: a.stored_responses_bytes,
+        record_requests: a.record_requests.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -51,6 +51,8 @@ pub struct Sequence {
     /// have been handed out.
     pub(crate) logprobs: Vec<TokenLogprob>,
     pub(crate) lp_released: usize,
+    /// Which of `config.stop` ended the output, if one did.
+    pub(crate) stopped_by: Option<usize>,
     pub stats: SpecStats,
     pub prefill_time: Duration,
     pub decode_time: Duration,
@@ -122,6 +124,7 @@ impl Sequence {
             released: 0,
             logprobs: Vec::new(),
             lp_released: 0,
+            stopped_by: None,
             stats: SpecStats::default(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
@@ -158,6 +161,11 @@ impl Sequence {
 
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Finished(_))
+    }
+
+    /// The stop string that ended the output (the config's `stop`), if one did.
+    pub fn stopped_by(&self) -> Option<&str> {
+        self.stopped_by.map(|i| self.config.stop[i].as_str())
     }
 
     pub fn finish_reason(&self) -> Option<FinishReason> {
@@ -332,8 +340,9 @@ impl Sequence {
         let before = self.text.len();
         self.text
             .push_str(&self.stream.push(tok.token_bytes(token)));
-        if let Some(cut) = find_stop(&self.text, before, &self.config.stop) {
+        if let Some((cut, which)) = find_stop(&self.text, before, &self.config.stop) {
             self.text.truncate(cut);
+            self.stopped_by = Some(which);
             self.phase = Phase::Finished(FinishReason::Stop);
             return false;
         }
@@ -348,14 +357,17 @@ impl Sequence {
 }
 
 /// Where the first stop string occurs in `text`, looking only at matches that end after `from`.
-fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<usize> {
+/// Returns the position and the index of the stop string found there (the first listed when
+/// several start at the same place).
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<(usize, usize)> {
     stops
         .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| {
+        .enumerate()
+        .filter(|(_, s)| !s.is_empty())
+        .filter_map(|(i, s)| {
             let start = from.saturating_sub(s.len() - 1);
             let start = (start..=from).find(|&i| text.is_char_boundary(i))?;
-            text[start..].find(s.as_str()).map(|p| start + p)
+            text[start..].find(s.as_str()).map(|p| (start + p, i))
         })
         .min()
 }
@@ -401,8 +413,8 @@ mod tests {
     fn stop_strings_are_found_across_pushes() {
         let stops = vec!["END".to_string(), "\n\n".to_string()];
         assert_eq!(find_stop("abcEN", 3, &stops), None);
-        assert_eq!(find_stop("abcEND", 5, &stops), Some(3));
-        assert_eq!(find_stop("a\n\nb", 2, &stops), Some(1));
+        assert_eq!(find_stop("abcEND", 5, &stops), Some((3, 0)));
+        assert_eq!(find_stop("a\n\nb", 2, &stops), Some((1, 1)));
         assert_eq!(safe_len("abcEN", &stops), 3);
         assert_eq!(safe_len("abc\n", &stops), 3);
         assert_eq!(safe_len("abc", &stops), 3);

@@ -1,7 +1,9 @@
-//! pld's OpenAI-compatible HTTP server: a thin layer over the engine. Requests become sequences in
+//! pld's HTTP server: a thin layer over the engine that speaks OpenAI's chat and text
+//! completions, OpenAI's Responses API and Anthropic's Messages API. Requests become sequences in
 //! one continuous-batching loop (`scheduler`), which advances every running sequence in the same
-//! forward pass with the engine's `step`; the HTTP side (`api`) parses and validates requests,
-//! streams text back as Server-Sent Events, and reports errors in OpenAI's shape.
+//! forward pass with the engine's `step`; the HTTP side (`api`) reads each API's body into one
+//! validated request, renders the same engine events in each API's shapes (whole or as
+//! Server-Sent Events), and reports errors in the shape of the API they came through.
 
 pub mod api;
 pub mod metrics;
@@ -15,8 +17,9 @@ use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// The name clients use in `model` (the alias or file name it was started with).
-    pub model_name: String,
+    /// The names clients may use in `model` (the first is the one answers carry when a request
+    /// names none); never empty.
+    pub model_names: Vec<String>,
     /// Keys accepted in `Authorization: Bearer KEY` (none: no authentication). Each key is one
     /// tenant: drafts from earlier requests (the corpus source) come only from the same key's.
     pub api_keys: Vec<String>,
@@ -35,7 +38,31 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Log and ignore request fields pld cannot honour instead of refusing them.
     pub lenient: bool,
+    /// Responses API: stored responses kept per server, at most this many ...
+    pub max_stored_responses: usize,
+    /// ... and this many bytes (least recently used go first).
+    pub stored_responses_bytes: usize,
+    /// Write every request body, with its time, API and tenant, to `requests.jsonl` here (for
+    /// replaying agent traffic).
+    pub record_requests: Option<std::path::PathBuf>,
 }
+
+impl ServerConfig {
+    /// The name answers carry when the request named none.
+    pub fn model_name(&self) -> &str {
+        self.model_names.first().map_or("model", String::as_str)
+    }
+
+    /// Whether `name` is one of the served names.
+    pub fn serves(&self, name: &str) -> bool {
+        self.model_names.iter().any(|n| n == name)
+    }
+}
+
+/// Stored responses kept by default (`--max-stored-responses`).
+pub const DEFAULT_MAX_STORED_RESPONSES: usize = 1000;
+/// Bytes of stored responses kept by default (`--stored-responses-bytes`).
+pub const DEFAULT_STORED_RESPONSES_BYTES: usize = 64 << 20;
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -45,18 +72,30 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Bytes of the tokenizer's longest token (for the prompt-length pre-check).
     pub longest_token_bytes: usize,
+    /// The Responses API's stored responses.
+    pub store: std::sync::Mutex<api::ResponseStore>,
+    /// Where request bodies are recorded (`--record-requests`).
+    pub recorder: Option<api::Recorder>,
 }
 
 /// Starts the engine loop and returns the router serving the API.
 pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
     let metrics = Arc::new(metrics::Metrics::default());
     let scheduler = scheduler::Scheduler::start(lm.clone(), &config, metrics.clone());
+    let recorder = config.record_requests.as_deref().and_then(|dir| {
+        api::Recorder::create(dir)
+            .map_err(|e| tracing::error!("cannot record requests in {}: {e}", dir.display()))
+            .ok()
+    });
+    let store = api::ResponseStore::new(config.max_stored_responses, config.stored_responses_bytes);
     let state = Arc::new(AppState {
         longest_token_bytes: lm.tokenizer.longest_token_bytes(),
         lm,
         config,
         scheduler,
         metrics,
+        store: std::sync::Mutex::new(store),
+        recorder,
     });
     api::router(state)
 }
@@ -72,7 +111,7 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(
         "serving {} on http://{}",
-        config.model_name,
+        config.model_names.join(", "),
         listener.local_addr()?
     );
     let router = app(lm, config);

@@ -53,6 +53,8 @@ pub enum Event {
         /// Of the prompt tokens, those whose keys and values came from the prefix cache.
         cached_tokens: usize,
         completion_tokens: usize,
+        /// The stop string that ended the output, if one did.
+        stop: Option<String>,
     },
     Failed(String),
 }
@@ -385,6 +387,7 @@ impl EngineLoop<'_> {
                 prompt_tokens: prompt,
                 cached_tokens: r.seq.cached_tokens(),
                 completion_tokens: completion,
+                stop: r.seq.stopped_by().map(str::to_string),
             });
             false
         });

@@ -2,85 +2,13 @@
 //! not, stop strings, seeds, every error case, the API key, cancellation on disconnect, batching
 //! that does not change results, and the official `openai` Python client.
 
+mod common;
+
+use common::*;
 use engine::LoadedModel;
 use serde_json::{json, Value};
-use server::ServerConfig;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-fn model() -> Arc<LoadedModel> {
-    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = models::resolve_model("smollm2-135m").expect("model available");
-        Arc::new(LoadedModel::load(&path).expect("model loads"))
-    })
-    .clone()
-}
-
-/// The prefix cache's budget in these tests (a few thousand positions of smollm2-135m).
-const PREFIX_CACHE_BYTES: usize = 256 << 20;
-
-fn config() -> ServerConfig {
-    ServerConfig {
-        model_name: "smollm2-135m".into(),
-        api_keys: Vec::new(),
-        corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
-        prefix_cache_bytes: PREFIX_CACHE_BYTES,
-        max_num_seqs: 16,
-        max_queue: 64,
-        max_model_len: 2048,
-        max_body_bytes: 64 * 1024,
-        spec: drafting::SpecConfig {
-            num_speculative_tokens: 8,
-            prompt_lookup_max: 3,
-            prompt_lookup_min: 1,
-            match_policy: drafting::MatchPolicy::Recent,
-            adaptive: true,
-            ..Default::default()
-        },
-        cors_origins: Vec::new(),
-        lenient: false,
-    }
-}
-
-/// Starts a server on a free loopback port; returns its base URL.
-async fn start(config: ServerConfig) -> String {
-    start_with(model(), config).await
-}
-
-/// `start` with another model.
-async fn start_with(lm: Arc<LoadedModel>, config: ServerConfig) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = server::app(lm, config);
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    format!("http://{addr}")
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
-}
-
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    post_by(&client(), base, path, body).await
-}
-
-/// `post` with a given client (one that sends an API key).
-async fn post_by(c: &reqwest::Client, base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = c
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 fn chat(content: &str, max_tokens: usize) -> Value {
     json!({
@@ -1224,18 +1152,6 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// A client that sends `key` with every request.
-fn client_of(key: &str) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    let value = format!("Bearer {key}").parse().unwrap();
-    headers.insert(reqwest::header::AUTHORIZATION, value);
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .default_headers(headers)
-        .build()
-        .unwrap()
-}
-
 /// The soak's two tenants, and the document each asks about.
 const SOAK_KEYS: [&str; 2] = ["alice", "bob"];
 
@@ -1416,7 +1332,7 @@ async fn tool_calls_round_trip_with_the_openai_client() {
     let path = models::resolve_model("qwen-coder-0.5b").expect("model available");
     let lm = Arc::new(LoadedModel::load(&path).expect("model loads"));
     let mut c = config();
-    c.model_name = "qwen-coder-0.5b".into();
+    c.model_names = vec!["qwen-coder-0.5b".into()];
     let base = start_with(lm, c).await;
     let script = format!(
         r#"
@@ -1453,23 +1369,4 @@ print("ok")
 "#
     );
     run_python(script).await;
-}
-
-/// Runs a Python script (the openai client's tests) off the async workers; fails with its output
-/// unless it succeeds.
-async fn run_python(script: String) {
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "openai client failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -150,7 +150,7 @@ fn server_config(
     s: SpecConfig,
 ) -> server::ServerConfig {
     server::ServerConfig {
-        model_name: "bench".into(),
+        model_names: vec!["bench".into()],
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         prefix_cache_bytes: a.prefix_cache.budget(),
@@ -161,6 +161,9 @@ fn server_config(
         spec: s,
         cors_origins: Vec::new(),
         lenient: false,
+        max_stored_responses: server::DEFAULT_MAX_STORED_RESPONSES,
+        stored_responses_bytes: server::DEFAULT_STORED_RESPONSES_BYTES,
+        record_requests: None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! What runs before any handler: CORS (a preflight is answered before authentication) and the
-//! API key, which names the request's `Tenant`.
+//! API key, which names the request's `Tenant`. The key comes as `Authorization: Bearer KEY`
+//! (OpenAI's clients) or `x-api-key: KEY` (Anthropic's).
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorShape};
 use crate::tenant::Tenant;
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -32,8 +33,33 @@ pub(super) fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLay
     )
 }
 
-/// Checks `Authorization: Bearer KEY` against the server's keys (when it has any) and tags the
-/// request with the key's tenant; a missing or wrong key is a 401.
+/// The API key a request carries: `Authorization: Bearer KEY` or `x-api-key: KEY`.
+fn given_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim());
+    bearer.or_else(|| {
+        headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    })
+}
+
+/// The error shape of the API a path belongs to.
+pub(super) fn shape_of(path: &str) -> ErrorShape {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    }
+}
+
+/// Checks the API key against the server's keys (when it has any) and tags the request with the
+/// key's tenant; a missing or wrong key is a 401 in the shape of the path's API.
 pub(super) async fn authorize(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -42,13 +68,7 @@ pub(super) async fn authorize(
 ) -> Response {
     let keys = &state.config.api_keys;
     if !keys.is_empty() {
-        let given = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, key)| key.trim());
-        let tenant = given.and_then(|g| keys.iter().position(|k| k == g));
+        let tenant = given_key(&headers).and_then(|g| keys.iter().position(|k| k == g));
         if let Some(t) = tenant {
             request.extensions_mut().insert(Tenant(t));
         } else {
@@ -56,9 +76,10 @@ pub(super) async fn authorize(
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
-                "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
             )
             .code("invalid_api_key")
+            .shaped(shape_of(request.uri().path()))
             .into_response();
         }
     } else {

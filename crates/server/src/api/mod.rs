@@ -1,19 +1,33 @@
-//! The HTTP API in OpenAI's shapes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`
-//! (streamed as Server-Sent Events when asked), `/health` and `/metrics`.
+//! The HTTP API: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/responses`,
+//! Anthropic's `/v1/messages` (and `count_tokens`), vLLM's `/tokenize` and `/detokenize`, and
+//! `/v1/models`, `/health`, `/metrics`.
 //!
-//! A completion request goes: `auth` (CORS, API key -> `Tenant`), `request` (the body read and
-//! its fields checked by name, deserialized once), `validate` (everything checked, the prompt
-//! tokenized: a `ValidRequest`), then `respond` here submits it to the scheduler and answers
-//! whole (`response`) or streamed (`stream`). Every error is an `ApiError` (`error`).
+//! Every generating request goes one way: `auth` (CORS, API key -> `Tenant`), the API's reader
+//! (`chat`, `responses`, `messages`: the body read and checked by name into the common
+//! `Conversation` and `Settings`), `validate` (the prompt rendered and tokenized, every setting
+//! checked: a `ValidRequest`), `submit` here (to the scheduler), and the API's renderer over the
+//! request's `Outputs` (text, parsed calls and the end, whole or streamed). Every error is an
+//! `ApiError`, answered in the shape of the API it came through.
 
 mod auth;
+mod chat;
 mod error;
+mod messages;
+mod messages_stream;
+mod output;
+mod record;
 mod request;
 mod response;
+mod responses;
+mod responses_stream;
+mod store;
 mod stream;
+mod tokenize;
 mod validate;
 
-pub use error::ApiError;
+pub use error::{ApiError, ErrorShape};
+pub use record::Recorder;
+pub use store::ResponseStore;
 
 use crate::scheduler::{Job, SubmitError};
 use crate::tenant::Tenant;
@@ -26,7 +40,6 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use response::Meta;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +54,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(metrics))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -115,37 +141,37 @@ async fn completions(
     complete(state, tenant, body, Kind::Text).await
 }
 
-/// Either endpoint: the body read, validated and answered (the status counted).
+/// Either endpoint: the body recorded, read, validated and answered (the status counted).
 async fn complete(
     state: Arc<AppState>,
     tenant: Tenant,
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
 ) -> Response {
-    let result = async {
-        let req = request::parse(body, kind, state.config.lenient)?;
-        let valid = match kind {
-            Kind::Chat => validate::chat(&state, req).await?,
-            Kind::Text => validate::text(&state, req).await?,
-        };
-        Ok(respond(&state, tenant, valid).await)
-    }
-    .await;
+    let api = match kind {
+        Kind::Chat => "chat.completions",
+        Kind::Text => "completions",
+    };
+    record(&state, api, tenant, &body);
+    let result = chat::complete(&state, tenant, body, kind).await;
     finish(&state, result)
 }
 
-/// Submits the request to the engine loop and answers, streamed or whole.
-async fn respond(state: &Arc<AppState>, tenant: Tenant, req: ValidRequest) -> Response {
+/// Writes the body to the request record, when the server keeps one.
+fn record(state: &AppState, api: &str, tenant: Tenant, body: &Result<Bytes, BytesRejection>) {
+    if let (Some(r), Ok(b)) = (&state.recorder, body) {
+        r.write(api, tenant, b);
+    }
+}
+
+/// Submits a validated request to the engine loop; the receiver of its events, or the error that
+/// it cannot run now (a full queue is a 429 with `retry-after`).
+fn submit(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    req: ValidRequest,
+) -> Result<mpsc::UnboundedReceiver<crate::scheduler::Event>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let meta = Meta {
-        id: request_id(req.kind.id_prefix()),
-        created: unix_now(),
-        model: state.config.model_name.clone(),
-        kind: req.kind,
-        lm: state.lm.clone(),
-        tools: req.tools,
-        logprobs: req.config.logprobs.is_some(),
-    };
     let job = Job {
         tenant,
         n: req.n,
@@ -154,46 +180,46 @@ async fn respond(state: &Arc<AppState>, tenant: Tenant, req: ValidRequest) -> Re
         events: tx,
         arrived: Instant::now(),
     };
-    if let Err(e) = state.scheduler.submit(job, &state.metrics) {
-        return match e {
-            SubmitError::QueueFull => {
-                let mut r = ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "the server is at capacity (the request queue is full); retry later",
-                )
-                .code("queue_full")
-                .into_response();
-                r.headers_mut()
-                    .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-                r
-            }
-            SubmitError::Stopped => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "the engine has stopped",
-            )
-            .into_response(),
-        };
+    match state.scheduler.submit(job, &state.metrics) {
+        Ok(()) => Ok(rx),
+        Err(SubmitError::QueueFull) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "the server is at capacity (the request queue is full); retry later",
+        )
+        .code("queue_full")),
+        Err(SubmitError::Stopped) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the engine has stopped",
+        )),
     }
-    if req.stream {
-        stream::stream(meta, rx, req.n, req.include_usage).into_response()
-    } else {
-        response::whole(meta, rx, req.n).await
+}
+
+/// The model name an answer carries: the one the request named if it is served, else the first.
+fn answer_model(state: &AppState, named: Option<&str>) -> String {
+    match named {
+        Some(m) if state.config.serves(m) => m.to_string(),
+        _ => state.config.model_name().to_string(),
     }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model_name,
-            "object": "model",
-            "created": unix_now(),
-            "owned_by": "pld",
-            "max_model_len": state.config.max_model_len,
-        }],
-    }))
+    let data: Vec<Value> = state
+        .config
+        .model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": unix_now(),
+                "owned_by": "pld",
+                "max_model_len": state.config.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -206,7 +232,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// OpenAI-shaped answers for paths and methods the API does not have, counted like the rest.
 async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let message = format!("no route for {} {}", request.method(), request.uri().path());
-    no_route(&state, StatusCode::NOT_FOUND, message, "not_found")
+    let path = request.uri().path();
+    no_route(&state, StatusCode::NOT_FOUND, message, "not_found", path)
 }
 
 async fn method_not_allowed(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -220,36 +247,67 @@ async fn method_not_allowed(State(state): State<Arc<AppState>>, request: Request
         StatusCode::METHOD_NOT_ALLOWED,
         message,
         "method_not_allowed",
+        request.uri().path(),
     )
 }
 
-fn no_route(state: &AppState, status: StatusCode, message: String, code: &'static str) -> Response {
-    let error = ApiError::new(status, "invalid_request_error", message).code(code);
+fn no_route(
+    state: &AppState,
+    status: StatusCode,
+    message: String,
+    code: &'static str,
+    path: &str,
+) -> Response {
+    let error = ApiError::new(status, "invalid_request_error", message)
+        .code(code)
+        .shaped(auth::shape_of(path));
     finish(state, Err(error))
 }
 
-/// The response, its status counted.
+/// The response, its status counted; a 429 says when to retry.
 fn finish(state: &AppState, result: Result<Response, ApiError>) -> Response {
-    let response = match result {
+    let mut response = match result {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+    }
     state.metrics.count_status(response.status().as_u16());
     response
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn request_id(prefix: &str) -> String {
+pub(super) fn request_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     format!(
         "{prefix}-{}-{}",
         unix_now(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A fresh id with the API's prefix (`resp_`, `msg_`, `toolu_`): the time, a process counter
+/// and a random part, so that ids are never reused and hard to guess.
+pub(super) fn random_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{prefix}{:016x}{:x}", h.finish(), n)
 }

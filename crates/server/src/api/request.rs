@@ -1,6 +1,7 @@
-//! A request body as it arrives: read as JSON, every top-level field checked by name
-//! (`check_fields`), then deserialized once into `WireRequest`, the fields of both endpoints as
-//! the client sent them. `validate` turns it into the request the handlers trust.
+//! A request body as it arrives: read as JSON (`json_body`), every top-level field checked by
+//! name (`check_fields`, shared by every API), then deserialized once (`typed`). For the chat and
+//! text completions that is `WireRequest`, the fields of both endpoints as the client sent them;
+//! `chat` reads it into the common request that `validate` checks.
 
 use super::error::ApiError;
 use super::Kind;
@@ -154,7 +155,7 @@ pub(super) const COMMON_FIELDS: &[&str] = &[
 
 /// OpenAI fields accepted only with the value that changes nothing (what pld does anyway);
 /// any other value is refused rather than silently ignored.
-fn neutral(field: &str, v: &Value) -> Option<bool> {
+pub(super) fn neutral(field: &str, v: &Value) -> Option<bool> {
     let empty = |v: &Value| {
         v.is_null()
             || v.as_object().is_some_and(|o| o.is_empty())
@@ -172,10 +173,15 @@ fn neutral(field: &str, v: &Value) -> Option<bool> {
     })
 }
 
-/// Checks every top-level field of a request: fields pld reads pass; OpenAI fields whose value
-/// pld cannot honour, and unknown fields, are a 400 naming the field, unless the server is
-/// lenient, in which case they are logged and dropped.
-fn check_fields(body: &mut Value, kind: Kind, lenient: bool) -> Result<(), ApiError> {
+/// Checks every top-level field of a request: fields pld reads (`known`) pass; fields whose value
+/// pld cannot honour (`neutral` says which values change nothing) and unknown fields are a 400
+/// naming the field, unless the server is lenient, in which case they are logged and dropped.
+pub(super) fn check_fields(
+    body: &mut Value,
+    known: &[&str],
+    neutral: fn(&str, &Value) -> Option<bool>,
+    lenient: bool,
+) -> Result<(), ApiError> {
     let Some(object) = body.as_object_mut() else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -184,7 +190,7 @@ fn check_fields(body: &mut Value, kind: Kind, lenient: bool) -> Result<(), ApiEr
     };
     let mut ignored = Vec::new();
     for (name, value) in object.iter() {
-        if COMMON_FIELDS.contains(&name.as_str()) || kind.fields().contains(&name.as_str()) {
+        if known.contains(&name.as_str()) {
             continue;
         }
         let problem = match neutral(name, value) {
@@ -204,14 +210,8 @@ fn check_fields(body: &mut Value, kind: Kind, lenient: bool) -> Result<(), ApiEr
     Ok(())
 }
 
-/// Reads a body into the request's fields, turning every way it can be wrong into a 400 (or
-/// 413): unreadable, not JSON, a field refused by `check_fields`, a field of the wrong type
-/// (named by its path).
-pub(super) fn parse(
-    body: Result<Bytes, BytesRejection>,
-    kind: Kind,
-    lenient: bool,
-) -> Result<WireRequest, ApiError> {
+/// A body as JSON; unreadable (too large: 413) or not JSON is an error.
+pub(super) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let body = body.map_err(|e| {
         let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             "request body is too large".into()
@@ -220,9 +220,13 @@ pub(super) fn parse(
         };
         ApiError::new(e.status(), "invalid_request_error", message)
     })?;
-    let mut value: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
-    check_fields(&mut value, kind, lenient)?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+}
+
+/// A checked body deserialized into an API's fields; a field of the wrong type is a 400 naming
+/// it by its path.
+pub(super) fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
@@ -231,6 +235,20 @@ pub(super) fn parse(
             param.as_deref(),
         )
     })
+}
+
+/// Reads a chat or text completion's body into its fields, turning every way it can be wrong
+/// into a 400 (or 413): unreadable, not JSON, a field refused by `check_fields`, a field of the
+/// wrong type (named by its path).
+pub(super) fn parse(
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+    lenient: bool,
+) -> Result<WireRequest, ApiError> {
+    let mut value = json_body(body)?;
+    let known: Vec<&str> = COMMON_FIELDS.iter().chain(kind.fields()).copied().collect();
+    check_fields(&mut value, &known, neutral, lenient)?;
+    typed(value)
 }
 
 #[cfg(test)]
@@ -283,7 +301,7 @@ mod tests {
             let bytes = Bytes::from(serde_json::to_vec(&v).unwrap());
             match parse(Ok(bytes), kind, lenient) {
                 Ok(request) => {
-                    let _ = super::super::validate::logprobs(&request, kind);
+                    let _ = super::super::chat::logprobs(&request, kind);
                 }
                 Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
             }

@@ -1,16 +1,14 @@
-//! Answers in OpenAI's shapes: what every answer carries (`Meta`), log-probabilities, usage, and
+//! Chat and text completions answered in OpenAI's shapes: what every answer carries (`Meta`), log-probabilities, usage, and
 //! the whole (not streamed) response, built once every choice has finished.
 
 use super::error::ApiError;
+use super::output::{Call, Choice, Finish, Outputs};
 use super::Kind;
-use crate::scheduler::Event;
-use crate::tools;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::{FinishReason, LoadedModel, TokenLogprob};
+use engine::{LoadedModel, TokenLogprob};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// What every chunk or answer of one request carries, and what shapes it.
 pub(super) struct Meta {
@@ -19,8 +17,6 @@ pub(super) struct Meta {
     pub model: String,
     pub kind: Kind,
     pub lm: Arc<LoadedModel>,
-    /// Tools were offered: the output's calls become `tool_calls`.
-    pub tools: bool,
     /// The request asked for log-probabilities.
     pub logprobs: bool,
 }
@@ -70,11 +66,6 @@ impl Meta {
             }
         }
     }
-
-    /// The id prefix of the calls parsed from choice `index`.
-    pub fn call_ids(&self, index: usize) -> String {
-        format!("call-{}-{index}", self.id)
-    }
 }
 
 /// OpenAI's usage object; `cached` of the `prompt` tokens came from the prefix cache.
@@ -87,88 +78,71 @@ pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     })
 }
 
-pub(super) fn finish_reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        // The server ends a request a client left by dropping it; it never cancels one itself.
-        FinishReason::Cancelled => "stop",
+/// OpenAI's `finish_reason`.
+pub(super) fn finish_reason(f: &Finish) -> &'static str {
+    match f {
+        Finish::Stop { .. } => "stop",
+        Finish::Length => "length",
+        Finish::ToolCalls => "tool_calls",
     }
 }
 
 /// One finished choice of a whole response.
-fn choice(meta: &Meta, index: usize, text: String, reason: FinishReason, lp: Value) -> Value {
-    let calls = meta
-        .tools
-        .then(|| tools::parse_calls(&text, &meta.call_ids(index)))
-        .flatten();
-    match (meta.kind, calls) {
-        (Kind::Chat, Some((content, calls))) => json!({
+fn choice(meta: &Meta, index: usize, c: Choice) -> Value {
+    let lp = meta.logprobs(&c.logprobs, 0);
+    let reason = finish_reason(&c.finish);
+    match meta.kind {
+        Kind::Chat if !c.calls.is_empty() => json!({
             "index": index,
-            "message": {"role": "assistant", "content": content, "tool_calls": calls},
-            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": (!c.text.is_empty()).then_some(c.text),
+                "tool_calls": c.calls.iter().map(openai_call).collect::<Vec<_>>(),
+            },
+            "finish_reason": reason,
             "logprobs": lp,
         }),
-        (Kind::Chat, None) => json!({
+        Kind::Chat => json!({
             "index": index,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish_reason(reason),
+            "message": {"role": "assistant", "content": c.text},
+            "finish_reason": reason,
             "logprobs": lp,
         }),
-        (Kind::Text, _) => json!({
+        Kind::Text => json!({
             "index": index,
-            "text": text,
-            "finish_reason": finish_reason(reason),
+            "text": c.text,
+            "finish_reason": reason,
             "logprobs": lp,
         }),
     }
 }
 
-/// Collects every choice's text, then answers with all of them.
-pub(super) async fn whole(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    n: usize,
-) -> Response {
-    let mut texts = vec![String::new(); n];
-    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
-    let mut choices: Vec<Option<Value>> = vec![None; n];
-    let mut completion = 0;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text {
-                index,
-                text,
-                logprobs,
-            } => {
-                texts[index].push_str(&text);
-                lps[index].extend(logprobs);
-            }
-            Event::Failed(m) => return ApiError::server(m).into_response(),
-            Event::Finished {
-                index,
-                reason,
-                prompt_tokens,
-                cached_tokens,
-                completion_tokens,
-            } => {
-                completion += completion_tokens;
-                let lp = meta.logprobs(&lps[index], 0);
-                let text = std::mem::take(&mut texts[index]);
-                choices[index] = Some(choice(&meta, index, text, reason, lp));
-                if choices.iter().all(Option::is_some) {
-                    return Json(json!({
-                        "id": meta.id,
-                        "object": meta.kind.object(),
-                        "created": meta.created,
-                        "model": meta.model,
-                        "choices": choices,
-                        "usage": usage(prompt_tokens, cached_tokens, completion),
-                    }))
-                    .into_response();
-                }
-            }
-        }
-    }
-    ApiError::server("the engine dropped the request").into_response()
+/// A call as a chat completion's `tool_calls` entry.
+pub(super) fn openai_call(c: &Call) -> Value {
+    json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// Collects every choice, then answers with all of them.
+pub(super) async fn whole(meta: Meta, outputs: Outputs) -> Response {
+    let choices = match outputs.collect().await {
+        Ok(c) => c,
+        Err(m) => return ApiError::server(m).into_response(),
+    };
+    let prompt = choices.first().map_or(0, |c| c.usage.prompt);
+    let cached = choices.first().map_or(0, |c| c.usage.cached);
+    let completion = choices.iter().map(|c| c.usage.completion).sum();
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| choice(&meta, i, c))
+        .collect();
+    Json(json!({
+        "id": meta.id,
+        "object": meta.kind.object(),
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage(prompt, cached, completion),
+    }))
+    .into_response()
 }

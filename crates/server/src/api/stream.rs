@@ -3,20 +3,17 @@
 //! is held back and sent as one `tool_calls` delta once the choice finishes; `[DONE]` ends it
 //! (after a usage chunk when asked for).
 
-use super::response::{finish_reason, usage, Meta};
+use super::output::{Call, Finish, Outputs, Piece, Usage};
+use super::response::{finish_reason, openai_call, Meta};
 use super::Kind;
-use crate::scheduler::Event;
-use crate::tools::CallStream;
 use axum::response::sse::{Event as SseEvent, Sse};
-use engine::FinishReason;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use tokio::sync::mpsc;
 
-type Chunk = Result<SseEvent, Infallible>;
+pub(super) type Chunk = Result<SseEvent, Infallible>;
 
-fn data(v: Value) -> Chunk {
+pub(super) fn data(v: Value) -> Chunk {
     Ok(SseEvent::default().data(v.to_string()))
 }
 
@@ -68,7 +65,7 @@ impl Meta {
 
 /// What the stream has said so far.
 struct Said {
-    rx: mpsc::UnboundedReceiver<Event>,
+    outputs: Outputs,
     meta: Meta,
     n: usize,
     include_usage: bool,
@@ -76,73 +73,43 @@ struct Said {
     done: bool,
     /// Per choice: text sent so far in bytes.
     sent: Vec<usize>,
-    /// Per choice, when tools were offered: the text from the first call on, held back.
-    calls: Vec<CallStream>,
-    finished: usize,
     completion: usize,
 }
 
 impl Said {
     fn text(&mut self, index: usize, text: String, lps: Vec<engine::TokenLogprob>) -> Vec<Chunk> {
-        let text = if self.meta.tools {
-            self.calls[index].push(&text)
-        } else {
-            text
-        };
-        if text.is_empty() && (!self.meta.logprobs || lps.is_empty()) {
-            return Vec::new();
-        }
         let lp = self.meta.logprobs(&lps, self.sent[index]);
         let c = self.meta.chunk(index, Some(&text), None, false, lp);
         self.sent[index] += text.len();
         vec![data(c)]
     }
 
-    /// Choice `index` is done; `cached_tokens` of the request's `prompt_tokens` came from the
-    /// prefix cache.
-    fn finished(
-        &mut self,
-        index: usize,
-        reason: FinishReason,
-        prompt_tokens: usize,
-        cached_tokens: usize,
-        completion_tokens: usize,
-    ) -> Vec<Chunk> {
-        let mut out = Vec::new();
-        let mut reason = finish_reason(reason);
-        if self.meta.tools {
-            match self.calls[index].finish(&self.meta.call_ids(index)) {
-                Ok(calls) => {
-                    let deltas: Vec<Value> = calls
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, mut c)| {
-                            c["index"] = json!(i);
-                            c
-                        })
-                        .collect();
-                    let choice = json!([{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": null, "logprobs": null}]);
-                    out.push(data(self.meta.chunk_of(choice, None)));
-                    reason = "tool_calls";
-                }
-                Err(held) if !held.is_empty() => {
-                    let c = self
-                        .meta
-                        .chunk(index, Some(&held), None, false, Value::Null);
-                    out.push(data(c));
-                }
-                Err(_) => {}
-            }
-        }
+    /// Choice `index` ended in calls: one `tool_calls` delta with all of them.
+    fn calls(&self, index: usize, calls: &[Call]) -> Vec<Chunk> {
+        let deltas: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut d = openai_call(c);
+                d["index"] = json!(i);
+                d
+            })
+            .collect();
+        let choice = json!([{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": null, "logprobs": null}]);
+        vec![data(self.meta.chunk_of(choice, None))]
+    }
+
+    /// Choice `index` is done; after the last, the usage chunk (when asked for) and `[DONE]`.
+    fn finished(&mut self, index: usize, finish: &Finish, usage: Usage) -> Vec<Chunk> {
+        let reason = finish_reason(finish);
         let c = self
             .meta
             .chunk(index, None, Some(reason), false, Value::Null);
-        out.push(data(c));
-        self.finished += 1;
-        self.completion += completion_tokens;
-        if self.finished == self.n {
+        let mut out = vec![data(c)];
+        self.completion += usage.completion;
+        if self.outputs.done() {
             if self.include_usage {
-                let u = usage(prompt_tokens, cached_tokens, self.completion);
+                let u = super::response::usage(usage.prompt, usage.cached, self.completion);
                 out.push(data(self.meta.chunk_of(json!([]), Some(("usage", u)))));
             }
             out.push(done());
@@ -150,25 +117,44 @@ impl Said {
         }
         out
     }
+
+    fn piece(&mut self, piece: Piece) -> Vec<Chunk> {
+        match piece {
+            Piece::Text {
+                index,
+                text,
+                logprobs,
+            } => self.text(index, text, logprobs),
+            Piece::Calls { index, calls } => self.calls(index, &calls),
+            Piece::Finished {
+                index,
+                finish,
+                usage,
+            } => self.finished(index, &finish, usage),
+            Piece::Failed(m) => {
+                let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
+                self.done = true;
+                vec![data(err), done()]
+            }
+        }
+    }
 }
 
-/// Streams the events of a request's `n` choices as they come.
+/// Streams the output of a request's `n` choices as it comes.
 pub(super) fn stream(
     meta: Meta,
-    rx: mpsc::UnboundedReceiver<Event>,
+    outputs: Outputs,
     n: usize,
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Chunk>> {
     let start = Said {
-        rx,
+        outputs,
         meta,
         n,
         include_usage,
         opened: false,
         done: false,
         sent: vec![0; n],
-        calls: (0..n).map(|_| CallStream::default()).collect(),
-        finished: 0,
         completion: 0,
     };
     let s = stream::unfold(start, move |mut st| async move {
@@ -177,37 +163,16 @@ pub(super) fn stream(
         }
         if !st.opened && st.meta.kind == Kind::Chat {
             st.opened = true;
-            let first: Vec<_> = (0..n)
+            let first: Vec<_> = (0..st.n)
                 .map(|i| data(st.meta.chunk(i, Some(""), None, true, Value::Null)))
                 .collect();
             return Some((first, st));
         }
         st.opened = true;
-        let out = match st.rx.recv().await? {
-            Event::Text {
-                index,
-                text,
-                logprobs,
-            } => st.text(index, text, logprobs),
-            Event::Finished {
-                index,
-                reason,
-                prompt_tokens,
-                cached_tokens,
-                completion_tokens,
-            } => st.finished(
-                index,
-                reason,
-                prompt_tokens,
-                cached_tokens,
-                completion_tokens,
-            ),
-            Event::Failed(m) => {
-                let err = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
-                st.done = true;
-                vec![data(err), done()]
-            }
-        };
+        let mut out = Vec::new();
+        for piece in st.outputs.next().await? {
+            out.extend(st.piece(piece));
+        }
         Some((out, st))
     })
     .flat_map(stream::iter);

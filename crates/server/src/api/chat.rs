@@ -1,0 +1,356 @@
+//! OpenAI's chat and text completions (`/v1/chat/completions`, `/v1/completions`): the body
+//! (`request::WireRequest`) read into the common `Conversation` or prompt and `Settings`, checked
+//! by `validate`, and answered in OpenAI's shapes, whole (`response`) or streamed (`stream`).
+
+use super::error::ApiError;
+use super::output::Outputs;
+use super::request::{self, missing, ChatMessage, Content, Stop, WireRequest};
+use super::response::{self, Meta};
+use super::validate::{self, Conversation, Names, Settings};
+use super::{request_id, submit, unix_now, Kind};
+use crate::tenant::Tenant;
+use crate::tools::Tools;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use drafting::SpecOverrides;
+use engine::sampling::MAX_TOP_LOGPROBS;
+use engine::{Message, PromptEnd, ResponseFormat};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+impl Kind {
+    pub(super) fn names(self) -> Names {
+        Names {
+            prompt: self.prompt_field(),
+            max_tokens: "max_tokens",
+            tools: "tools",
+        }
+    }
+}
+
+/// Either endpoint: the body read, validated, submitted and answered.
+pub(super) async fn complete(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let req = request::parse(body, kind, state.config.lenient)?;
+    let settings = settings(&req, kind)?;
+    let valid = match kind {
+        Kind::Chat => {
+            let conv = conversation(&req)?;
+            validate::chat(state, conv, settings, kind.names()).await?
+        }
+        Kind::Text => validate::text(state, text_prompt(&req)?, settings, kind.names()).await?,
+    };
+    let meta = Meta {
+        id: request_id(kind.id_prefix()),
+        created: unix_now(),
+        model: super::answer_model(state, req.model.as_deref()),
+        kind,
+        lm: state.lm.clone(),
+        logprobs: valid.config.logprobs.is_some(),
+    };
+    let (n, stream, include_usage, tools) =
+        (valid.n, valid.stream, valid.include_usage, valid.tools);
+    let rx = submit(state, tenant, valid)?;
+    let outputs = Outputs::new(rx, n, tools, format!("call-{}", meta.id));
+    Ok(if stream {
+        super::stream::stream(meta, outputs, n, include_usage).into_response()
+    } else {
+        response::whole(meta, outputs).await
+    })
+}
+
+/// The text completion's one prompt string.
+fn text_prompt(req: &WireRequest) -> Result<String, ApiError> {
+    match req.prompt.as_ref().ok_or_else(|| missing("prompt"))? {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            Ok(a[0].as_str().unwrap_or("").to_string())
+        }
+        _ => Err(ApiError::bad_request(
+            "prompt must be a string (or a list of one string)",
+            Some("prompt"),
+        )),
+    }
+}
+
+/// The chat's messages, tools and prompt end.
+fn conversation(req: &WireRequest) -> Result<Conversation, ApiError> {
+    conversation_of(
+        req.messages.as_deref(),
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        prompt_end(req.add_generation_prompt, req.continue_final_message)?,
+    )
+}
+
+/// Chat messages, tools and where the prompt ends, as the template takes them.
+pub(super) fn conversation_of(
+    messages: Option<&[ChatMessage]>,
+    tools: Option<&Value>,
+    tool_choice: Option<&Value>,
+    end: PromptEnd,
+) -> Result<Conversation, ApiError> {
+    let wire = messages.ok_or_else(|| missing("messages"))?;
+    if wire.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    let messages = wire
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tools =
+        Tools::parse(tools, tool_choice).map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))?;
+    Ok(Conversation {
+        messages,
+        tools,
+        end,
+    })
+}
+
+/// The settings under their common names.
+fn settings(req: &WireRequest, kind: Kind) -> Result<Settings, ApiError> {
+    let (format, format_field) = format_asked(req)?;
+    Ok(Settings {
+        model: req.model.clone(),
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        seed: req.seed,
+        stop: match &req.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        },
+        n: req.n,
+        speculative_config: req.speculative_config.clone(),
+        speculation: SpecOverrides {
+            num_speculative_tokens: req.num_speculative_tokens,
+            prompt_lookup_max: req.prompt_lookup_max,
+            prompt_lookup_min: req.prompt_lookup_min,
+            ..Default::default()
+        },
+        logprobs: logprobs(req, kind)?,
+        format,
+        format_field,
+        stream: req.stream,
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    })
+}
+
+/// Message `i` as the chat template takes it.
+fn message(i: usize, m: &ChatMessage) -> Result<Message, ApiError> {
+    if !["system", "developer", "user", "assistant", "tool"].contains(&m.role.as_str()) {
+        return Err(ApiError::bad_request(
+            format!(
+                "messages[{i}].role '{}' is not supported (system, developer, user, assistant, tool)",
+                m.role
+            ),
+            Some(&format!("messages[{i}].role")),
+        ));
+    }
+    // Chat templates know `system`; `developer` is OpenAI's newer name for it.
+    let role = if m.role == "developer" {
+        "system"
+    } else {
+        &m.role
+    };
+    let content = match &m.content {
+        None => String::new(),
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                if p.kind != "text" {
+                    return Err(ApiError::bad_request(
+                        format!("content part type '{}' is not supported", p.kind),
+                        Some("messages"),
+                    ));
+                }
+                s.push_str(p.text.as_deref().unwrap_or(""));
+            }
+            s
+        }
+    };
+    let mut message = Message::new(role, &content);
+    if let Some(calls) = &m.tool_calls {
+        message.tool_calls = Some(template_calls(calls, i)?);
+    }
+    message.tool_call_id = m.tool_call_id.clone();
+    message.name = m.name.clone();
+    Ok(message)
+}
+
+/// An assistant turn's `tool_calls` as chat templates take them: the arguments (JSON text in
+/// OpenAI's format) as an object.
+fn template_calls(calls: &[Value], message: usize) -> Result<Vec<Value>, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let param = format!("messages[{message}].tool_calls[{j}]");
+            let f = c
+                .get("function")
+                .filter(|f| f["name"].is_string())
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("{param} needs function.name"), Some(&param))
+                })?;
+            let arguments = template_arguments(f.get("arguments"), &param)?;
+            Ok(template_call(
+                c.get("id").cloned().unwrap_or(Value::Null),
+                f["name"].clone(),
+                arguments,
+            ))
+        })
+        .collect()
+}
+
+/// Call arguments given as JSON text (OpenAI's way) or as a value, as the object templates take.
+pub(super) fn template_arguments(given: Option<&Value>, param: &str) -> Result<Value, ApiError> {
+    match given {
+        Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| {
+            ApiError::bad_request(
+                format!("{param}: the arguments are not JSON: {e}"),
+                Some(param),
+            )
+        }),
+        Some(v) => Ok(v.clone()),
+        None => Ok(json!({})),
+    }
+}
+
+/// One call of an assistant turn as chat templates take it.
+pub(super) fn template_call(id: Value, name: Value, arguments: Value) -> Value {
+    json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    })
+}
+
+/// Where the rendered prompt ends, from vLLM's `add_generation_prompt` and
+/// `continue_final_message`.
+pub(super) fn prompt_end(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<PromptEnd, ApiError> {
+    Ok(match (add_generation_prompt, continue_final_message) {
+        (Some(true), Some(true)) => {
+            return Err(ApiError::bad_request(
+                "add_generation_prompt and continue_final_message cannot both be true",
+                Some("continue_final_message"),
+            ))
+        }
+        (_, Some(true)) => PromptEnd::ContinueLast,
+        (Some(false), _) => PromptEnd::AsIs,
+        (Some(true), _) => PromptEnd::NextTurn,
+        (None, _) => PromptEnd::Auto,
+    })
+}
+
+/// The `logprobs` setting: `None` for none, or the number of alternatives per token.
+pub(super) fn logprobs(req: &WireRequest, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let top = match (kind, &req.logprobs) {
+        (_, None | Some(Value::Null)) | (Kind::Chat, Some(Value::Bool(false))) => {
+            if req.top_logprobs.is_some_and(|t| t > 0) {
+                return Err(ApiError::bad_request(
+                    "top_logprobs requires logprobs to be true",
+                    Some("top_logprobs"),
+                ));
+            }
+            return Ok(None);
+        }
+        (Kind::Chat, Some(Value::Bool(true))) => req.top_logprobs.unwrap_or(0),
+        (Kind::Text, Some(v)) if v.is_u64() => v.as_u64().unwrap_or(0) as usize,
+        (Kind::Chat, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "logprobs must be a boolean",
+                Some("logprobs"),
+            ))
+        }
+        (Kind::Text, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "logprobs must be a non-negative integer",
+                Some("logprobs"),
+            ))
+        }
+    };
+    if top > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_request(
+            format!("at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {top}"),
+            Some(if kind == Kind::Chat {
+                "top_logprobs"
+            } else {
+                "logprobs"
+            }),
+        ));
+    }
+    Ok(Some(top))
+}
+
+/// The format asked for, from `response_format` or llama.cpp's `json_schema` or `grammar` (one of
+/// them at most), and the field that asked for it.
+fn format_asked(req: &WireRequest) -> Result<(ResponseFormat, &'static str), ApiError> {
+    let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    let asked = [
+        ("response_format", given(&req.response_format)),
+        ("json_schema", given(&req.json_schema)),
+        ("grammar", req.grammar.is_some()),
+    ];
+    let mut named = asked.iter().filter(|(_, on)| *on).map(|(f, _)| *f);
+    if let (Some(a), Some(b)) = (named.next(), named.next()) {
+        return Err(ApiError::bad_request(
+            format!("give one of {a} and {b}, not both"),
+            Some(b),
+        ));
+    }
+    if let Some(grammar) = &req.grammar {
+        let format = ResponseFormat::Gbnf {
+            grammar: grammar.clone(),
+        };
+        return Ok((format, "grammar"));
+    }
+    if let Some(schema) = req.json_schema.as_ref().filter(|v| !v.is_null()) {
+        return Ok((
+            validate::schema_format(Some(schema), "json_schema")?,
+            "json_schema",
+        ));
+    }
+    let Some(v) = req.response_format.as_ref().filter(|v| !v.is_null()) else {
+        return Ok((ResponseFormat::Text, "response_format"));
+    };
+    let format = match v.get("type").and_then(Value::as_str) {
+        Some("text") => ResponseFormat::Text,
+        // llama.cpp's extension: a json_object with its own `schema`.
+        Some("json_object") => match v.get("schema") {
+            None | Some(Value::Null) => ResponseFormat::JsonObject,
+            schema => validate::schema_format(schema, "response_format.schema")?,
+        },
+        Some("json_schema") => validate::schema_format(
+            v.get("json_schema").and_then(|j| j.get("schema")),
+            "response_format.json_schema.schema",
+        )?,
+        other => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "response_format.type must be text, json_object or json_schema, got {}",
+                    other.map_or_else(|| "nothing".to_string(), |t| format!("'{t}'"))
+                ),
+                Some("response_format"),
+            ))
+        }
+    };
+    Ok((format, "response_format"))
+}

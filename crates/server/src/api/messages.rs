@@ -1,0 +1,495 @@
+//! Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`. The
+//! `system` prompt (a string or text blocks) and `messages` (string or block content: `text`,
+//! `tool_use`, `tool_result`) are read into the common `Conversation`, `tools` (with
+//! `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`) into the checked tools; the
+//! answer is a message with `text` and `tool_use` content blocks, whole or as the events of
+//! `messages_stream`. Errors are in Anthropic's shape.
+
+use super::error::{ApiError, ErrorShape};
+use super::output::{Choice, Finish, Outputs};
+use super::request::{check_fields, json_body, neutral, typed};
+use super::validate::{self, Conversation, Names, Settings};
+use super::{answer_model, finish, record, submit};
+use crate::tenant::Tenant;
+use crate::tools::Tools;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use drafting::SpecOverrides;
+use engine::{Message, PromptEnd};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const NAMES: Names = Names {
+    prompt: "messages",
+    max_tokens: "max_tokens",
+    tools: "tools",
+};
+
+/// The fields pld reads (Anthropic's, then pld's own speculation and sampling settings).
+const FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "messages",
+    "system",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "metadata",
+    "tools",
+    "tool_choice",
+    "stream",
+    "output_config",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "speculative_config",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+];
+
+/// Messages fields accepted only with the value that changes nothing here.
+fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
+    Some(match field {
+        "thinking" => v.is_null() || v["type"] == "disabled",
+        "service_tier" => {
+            v.is_null()
+                || v.as_str()
+                    .is_some_and(|s| s == "auto" || s == "standard_only")
+        }
+        "container" | "mcp_servers" | "context_management" | "diagnostics" => {
+            v.is_null() || v.as_array().is_some_and(|a| a.is_empty())
+        }
+        // Hints for Anthropic's own caches and routing; pld's prefix cache finds shared
+        // prefixes by itself.
+        "cache_control" => v.is_null() || v.is_object(),
+        "inference_geo" | "user_profile_id" | "workspace_id" => v.is_null() || v.is_string(),
+        "speed" => v.is_null() || v == "standard",
+        _ => return neutral(field, v),
+    })
+}
+
+#[derive(Deserialize)]
+struct MessagesRequest {
+    model: Option<String>,
+    max_tokens: Option<usize>,
+    messages: Option<Vec<WireMessage>>,
+    system: Option<Value>,
+    stop_sequences: Option<Vec<String>>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    stream: bool,
+    /// `{"format": {"type": "json_schema", "schema": ...}, "effort": ...}`.
+    output_config: Option<Value>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<u64>,
+    speculative_config: Option<SpecOverrides>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    role: String,
+    content: Value,
+}
+
+/// The body checked and read; `count` reads `count_tokens`' body (no `max_tokens`).
+fn read_body(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    count: bool,
+) -> Result<MessagesRequest, ApiError> {
+    let mut value = json_body(body)?;
+    let fields: Vec<&str> = FIELDS
+        .iter()
+        .copied()
+        .filter(|f| !count || *f != "max_tokens")
+        .collect();
+    check_fields(&mut value, &fields, messages_neutral, state.config.lenient)?;
+    let req: MessagesRequest = typed(value)?;
+    if req.model.is_none() {
+        return Err(super::request::missing("model"));
+    }
+    if !count && req.max_tokens.is_none() {
+        return Err(super::request::missing("max_tokens"));
+    }
+    Ok(req)
+}
+
+/// The model the request names, checked (under `--lenient` an unknown name is logged and served
+/// by the one model: agents ask for their vendor's model names by default).
+fn model_named(state: &AppState, req: &MessagesRequest) -> Result<Option<String>, ApiError> {
+    match validate::check_model(state, req.model.as_deref()) {
+        Ok(()) => Ok(req.model.clone()),
+        Err(_) if state.config.lenient => {
+            tracing::warn!(model = ?req.model, "unknown model: served by {}", state.config.model_name());
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `POST /v1/messages`.
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    record(&state, "messages", tenant, &body);
+    let result = answer(&state, tenant, body)
+        .await
+        .map_err(|e| e.shaped(ErrorShape::Anthropic));
+    finish(&state, result)
+}
+
+async fn answer(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req = read_body(state, body, false)?;
+    let model = model_named(state, &req)?;
+    let conv = conversation(&req)?;
+    let settings = settings(&req, model.clone())?;
+    let valid = validate::chat(state, conv, settings, NAMES).await?;
+    let (stream, tools, prompt_tokens) = (valid.stream, valid.tools, valid.prompt.len());
+    let rx = submit(state, tenant, valid)?;
+    let id = super::random_id("msg_");
+    let outputs = Outputs::new(rx, 1, tools, format!("toolu_{}", &id[4..]));
+    let model = answer_model(state, model.as_deref());
+    if stream {
+        return Ok(
+            super::messages_stream::stream(id, model, prompt_tokens, outputs).into_response(),
+        );
+    }
+    let choice = outputs
+        .collect()
+        .await
+        .map_err(ApiError::server)?
+        .pop()
+        .ok_or_else(|| ApiError::server("no output"))?;
+    Ok(Json(message_object(&id, &model, &choice)).into_response())
+}
+
+/// `POST /v1/messages/count_tokens`: the tokens the prompt (system, messages, tools) takes.
+pub(super) async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    Extension(_tenant): Extension<Tenant>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let req = read_body(&state, body, true)?;
+        model_named(&state, &req)?;
+        let conv = conversation(&req)?;
+        let prompt = validate::render(&state, &conv, NAMES)?;
+        let ids = validate::tokenize(&state, prompt, NAMES.prompt).await?;
+        Ok(Json(json!({"input_tokens": ids.len()})).into_response())
+    }
+    .await
+    .map_err(|e: ApiError| e.shaped(ErrorShape::Anthropic));
+    finish(&state, result)
+}
+
+fn settings(req: &MessagesRequest, model: Option<String>) -> Result<Settings, ApiError> {
+    Ok(Settings {
+        model,
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        seed: req.seed,
+        stop: req.stop_sequences.clone().unwrap_or_default(),
+        n: None,
+        speculative_config: req.speculative_config.clone(),
+        speculation: SpecOverrides {
+            num_speculative_tokens: req.num_speculative_tokens,
+            prompt_lookup_max: req.prompt_lookup_max,
+            prompt_lookup_min: req.prompt_lookup_min,
+            ..Default::default()
+        },
+        logprobs: None,
+        format: output_format(req.output_config.as_ref())?,
+        format_field: "output_config.format",
+        stream: req.stream,
+        include_usage: false,
+    })
+}
+
+/// Structured output from `output_config.format` (a JSON schema); `effort` only when null.
+fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiError> {
+    let Some(config) = config.filter(|c| !c.is_null()) else {
+        return Ok(engine::ResponseFormat::Text);
+    };
+    let Some(object) = config.as_object() else {
+        return Err(ApiError::bad_request(
+            "output_config must be an object",
+            Some("output_config"),
+        ));
+    };
+    for (key, value) in object {
+        match key.as_str() {
+            "format" => {}
+            "effort" if value.is_null() => {}
+            other => {
+                return Err(ApiError::bad_request(
+                    format!("output_config.{other} is not supported with this value ({value})"),
+                    Some(&format!("output_config.{other}")),
+                ))
+            }
+        }
+    }
+    match config.get("format").filter(|f| !f.is_null()) {
+        None => Ok(engine::ResponseFormat::Text),
+        Some(f) if f["type"] == "json_schema" => {
+            validate::schema_format(f.get("schema"), "output_config.format.schema")
+        }
+        Some(_) => Err(ApiError::bad_request(
+            "output_config.format.type must be json_schema",
+            Some("output_config.format"),
+        )),
+    }
+}
+
+/// The system prompt, the messages and the tools as the template takes them.
+fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
+    let wire = req
+        .messages
+        .as_ref()
+        .ok_or_else(|| super::request::missing("messages"))?;
+    if wire.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages: at least one message is required",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &req.system {
+        let text = blocks_text(system, "system")?;
+        if !text.is_empty() {
+            messages.push(Message::new("system", &text));
+        }
+    }
+    for (i, m) in wire.iter().enumerate() {
+        add_message(&mut messages, m, i)?;
+    }
+    Ok(Conversation {
+        messages,
+        tools: tools(req)?,
+        end: PromptEnd::Auto,
+    })
+}
+
+/// Text content: a string, or text blocks (joined by blank lines).
+fn blocks_text(content: &Value, param: &str) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut parts = Vec::new();
+            for (j, b) in blocks.iter().enumerate() {
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") => parts.push(b["text"].as_str().unwrap_or("").to_string()),
+                    other => return Err(unsupported_block(other, &format!("{param}[{j}]"))),
+                }
+            }
+            Ok(parts.join("\n\n"))
+        }
+        _ => Err(ApiError::bad_request(
+            format!("{param} must be a string or a list of text blocks"),
+            Some(param),
+        )),
+    }
+}
+
+fn unsupported_block(kind: Option<&str>, param: &str) -> ApiError {
+    ApiError::bad_request(
+        format!(
+            "{param}: content blocks of type {} are not supported here (text, tool_use, tool_result)",
+            kind.map_or("(missing)".to_string(), |k| format!("'{k}'"))
+        ),
+        Some(param),
+    )
+}
+
+/// Message `i`: a user turn's `tool_result` blocks become `tool` turns (in order, before its
+/// text); an assistant turn's `tool_use` blocks become its calls.
+fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result<(), ApiError> {
+    let param = format!("messages[{i}]");
+    if m.role != "user" && m.role != "assistant" {
+        return Err(ApiError::bad_request(
+            format!("{param}.role must be user or assistant, got '{}'", m.role),
+            Some(&format!("{param}.role")),
+        ));
+    }
+    let blocks = match &m.content {
+        Value::String(s) => {
+            messages.push(Message::new(&m.role, s));
+            return Ok(());
+        }
+        Value::Array(b) => b,
+        _ => {
+            return Err(ApiError::bad_request(
+                format!("{param}.content must be a string or a list of content blocks"),
+                Some(&format!("{param}.content")),
+            ))
+        }
+    };
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{param}.content[{j}]");
+        match (b.get("type").and_then(Value::as_str), m.role.as_str()) {
+            (Some("text"), _) => text.push(b["text"].as_str().unwrap_or("").to_string()),
+            (Some("tool_use"), "assistant") => {
+                let (Some(id), Some(name)) = (b["id"].as_str(), b["name"].as_str()) else {
+                    return Err(ApiError::bad_request(
+                        format!("{at}: a tool_use block needs id and name"),
+                        Some(&at),
+                    ));
+                };
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                calls.push(super::chat::template_call(json!(id), json!(name), input));
+            }
+            (Some("tool_result"), "user") => {
+                let Some(id) = b["tool_use_id"].as_str() else {
+                    return Err(ApiError::bad_request(
+                        format!("{at}: a tool_result block needs tool_use_id"),
+                        Some(&at),
+                    ));
+                };
+                let content = match b.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => blocks_text(c, &format!("{at}.content"))?,
+                };
+                let content = if b["is_error"] == true {
+                    format!("Error: {content}")
+                } else {
+                    content
+                };
+                let name = messages
+                    .iter()
+                    .flat_map(|m| m.tool_calls.iter().flatten())
+                    .find(|c| c["id"] == id)
+                    .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
+                let mut tool = Message::new("tool", &content);
+                tool.tool_call_id = Some(id.to_string());
+                tool.name = name;
+                messages.push(tool);
+            }
+            (other, _) => return Err(unsupported_block(other, &at)),
+        }
+    }
+    if !text.is_empty() || !calls.is_empty() {
+        let mut message = Message::new(&m.role, &text.join("\n\n"));
+        if !calls.is_empty() {
+            message.tool_calls = Some(calls);
+        }
+        messages.push(message);
+    }
+    Ok(())
+}
+
+/// The tools (`name`, `description`, `input_schema`) and `tool_choice`, checked as chat's.
+fn tools(req: &MessagesRequest) -> Result<Option<Tools>, ApiError> {
+    let mut openai = Vec::new();
+    for (i, t) in req.tools.iter().flatten().enumerate() {
+        let param = format!("tools[{i}]");
+        if let Some(kind) = t
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|k| *k != "custom")
+        {
+            return Err(ApiError::bad_request(
+                format!("{param}: tools of type '{kind}' (server tools) are not supported; give custom tools with name and input_schema"),
+                Some(&param),
+            ));
+        }
+        let mut function = json!({"name": t.get("name").cloned().unwrap_or(Value::Null)});
+        if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
+            function["description"] = d.clone();
+        }
+        if let Some(s) = t.get("input_schema").filter(|s| !s.is_null()) {
+            function["parameters"] = s.clone();
+        }
+        openai.push(json!({"type": "function", "function": function}));
+    }
+    let choice = match &req.tool_choice {
+        None | Some(Value::Null) => None,
+        Some(c) => Some(match c.get("type").and_then(Value::as_str) {
+            Some("auto") => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => {
+                json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "tool_choice.type must be auto, any, tool or none",
+                    Some("tool_choice"),
+                ))
+            }
+        }),
+    };
+    Tools::parse(Some(&Value::Array(openai)), choice.as_ref())
+        .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))
+}
+
+/// Anthropic's `stop_reason` and `stop_sequence`.
+pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
+    match finish {
+        Finish::Stop { sequence: Some(s) } => ("stop_sequence", json!(s)),
+        Finish::Stop { sequence: None } => ("end_turn", Value::Null),
+        Finish::Length => ("max_tokens", Value::Null),
+        Finish::ToolCalls => ("tool_use", Value::Null),
+    }
+}
+
+/// Anthropic's usage: `input_tokens` counts only the prompt tokens not read from the cache.
+pub(super) fn usage(u: &super::output::Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt - u.cached,
+        "output_tokens": u.completion,
+        "cache_read_input_tokens": u.cached,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+/// A whole message.
+fn message_object(id: &str, model: &str, c: &Choice) -> Value {
+    let mut content = Vec::new();
+    if !c.text.is_empty() || c.calls.is_empty() {
+        content.push(json!({"type": "text", "text": c.text}));
+    }
+    for call in &c.calls {
+        content.push(
+            json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input()}),
+        );
+    }
+    let (reason, sequence) = stop_reason(&c.finish);
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage(&c.usage),
+    })
+}

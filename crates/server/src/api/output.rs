@@ -1,0 +1,235 @@
+//! A request's output in the terms every API renders, from the one stream of engine events:
+//! text as it is released, the function calls parsed out of it when tools were offered (text
+//! from the first `<tool_call>` on is held back and parsed at the end, by `tools::CallStream`),
+//! and each choice's end with its token counts. The chat and text completions, the Responses
+//! API and the Messages API all read their output through `Outputs`, streamed (`next`) or whole
+//! (`collect`); none of them reads the engine's events or parses calls itself.
+
+use crate::scheduler::Event;
+use crate::tools::CallStream;
+use engine::{FinishReason, TokenLogprob};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// A function call the model made.
+#[derive(Clone, Debug)]
+pub(super) struct Call {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+impl Call {
+    /// From the OpenAI `tool_calls` entry that `tools` parses.
+    fn from_openai(v: &Value) -> Call {
+        let f = &v["function"];
+        Call {
+            id: v["id"].as_str().unwrap_or_default().to_string(),
+            name: f["name"].as_str().unwrap_or_default().to_string(),
+            arguments: f["arguments"].as_str().unwrap_or("{}").to_string(),
+        }
+    }
+
+    /// The arguments as a JSON value (an empty object if they are not JSON).
+    pub fn input(&self) -> Value {
+        serde_json::from_str(&self.arguments).unwrap_or_else(|_| serde_json::json!({}))
+    }
+}
+
+/// Why a choice ended.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Finish {
+    /// The model ended its turn, or `sequence` (one of the request's stop strings) ended it.
+    Stop { sequence: Option<String> },
+    /// The output cap or the context was reached.
+    Length,
+    /// The output ended in function calls.
+    ToolCalls,
+}
+
+/// Token counts of one choice: the request's prompt (`cached` of them from the prefix cache) and
+/// this choice's output.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Usage {
+    pub prompt: usize,
+    pub cached: usize,
+    pub completion: usize,
+}
+
+/// One thing that happened to a request's output.
+pub(super) enum Piece {
+    Text {
+        index: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// Choice `index` ended in these calls (sent just before its `Finished`).
+    Calls { index: usize, calls: Vec<Call> },
+    Finished {
+        index: usize,
+        finish: Finish,
+        usage: Usage,
+    },
+    /// The engine failed; nothing follows.
+    Failed(String),
+}
+
+/// A whole choice.
+#[derive(Debug)]
+pub(super) struct Choice {
+    /// The text (with calls: the text before them, trimmed).
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub calls: Vec<Call>,
+    pub finish: Finish,
+    pub usage: Usage,
+}
+
+/// The output of one request of `n` choices, read from its engine events.
+pub(super) struct Outputs {
+    rx: mpsc::UnboundedReceiver<Event>,
+    /// Per choice, when tools were offered: its text with calls held back.
+    calls: Option<Vec<CallStream>>,
+    /// Call ids are this, the choice and the call's number.
+    call_prefix: String,
+    n: usize,
+    finished: usize,
+}
+
+impl Outputs {
+    pub fn new(
+        rx: mpsc::UnboundedReceiver<Event>,
+        n: usize,
+        tools: bool,
+        call_prefix: String,
+    ) -> Self {
+        Outputs {
+            rx,
+            calls: tools.then(|| (0..n).map(|_| CallStream::default()).collect()),
+            call_prefix,
+            n,
+            finished: 0,
+        }
+    }
+
+    /// Whether every choice has finished.
+    pub fn done(&self) -> bool {
+        self.finished == self.n
+    }
+
+    /// What the next engine event comes to (possibly nothing); `None` once the engine has
+    /// dropped the request without finishing it.
+    pub async fn next(&mut self) -> Option<Vec<Piece>> {
+        Some(match self.rx.recv().await? {
+            Event::Text {
+                index,
+                text,
+                logprobs,
+            } => {
+                let text = match &mut self.calls {
+                    Some(c) => c[index].push(&text),
+                    None => text,
+                };
+                if text.is_empty() && logprobs.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![Piece::Text {
+                        index,
+                        text,
+                        logprobs,
+                    }]
+                }
+            }
+            Event::Finished {
+                index,
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+                stop,
+            } => {
+                self.finished += 1;
+                let usage = Usage {
+                    prompt: prompt_tokens,
+                    cached: cached_tokens,
+                    completion: completion_tokens,
+                };
+                let mut finish = match reason {
+                    FinishReason::Length => Finish::Length,
+                    // The server ends a request a client left by dropping it.
+                    FinishReason::Stop | FinishReason::Cancelled => Finish::Stop { sequence: stop },
+                };
+                let mut out = Vec::new();
+                if let Some(c) = &mut self.calls {
+                    match c[index].finish(&format!("{}-{index}", self.call_prefix)) {
+                        Ok(calls) => {
+                            let calls = calls.iter().map(Call::from_openai).collect();
+                            out.push(Piece::Calls { index, calls });
+                            finish = Finish::ToolCalls;
+                        }
+                        Err(held) if !held.is_empty() => out.push(Piece::Text {
+                            index,
+                            text: held,
+                            logprobs: Vec::new(),
+                        }),
+                        Err(_) => {}
+                    }
+                }
+                out.push(Piece::Finished {
+                    index,
+                    finish,
+                    usage,
+                });
+                out
+            }
+            Event::Failed(m) => vec![Piece::Failed(m)],
+        })
+    }
+
+    /// Every choice whole, once all have finished; the engine's message if it failed.
+    pub async fn collect(mut self) -> Result<Vec<Choice>, String> {
+        let mut choices: Vec<Choice> = (0..self.n)
+            .map(|_| Choice {
+                text: String::new(),
+                logprobs: Vec::new(),
+                calls: Vec::new(),
+                finish: Finish::Length,
+                usage: Usage::default(),
+            })
+            .collect();
+        while !self.done() {
+            let pieces = self
+                .next()
+                .await
+                .ok_or_else(|| "the engine dropped the request".to_string())?;
+            for piece in pieces {
+                match piece {
+                    Piece::Text {
+                        index,
+                        text,
+                        logprobs,
+                    } => {
+                        choices[index].text.push_str(&text);
+                        choices[index].logprobs.extend(logprobs);
+                    }
+                    Piece::Calls { index, calls } => {
+                        let c = &mut choices[index];
+                        c.text = c.text.trim().to_string();
+                        c.calls = calls;
+                    }
+                    Piece::Finished {
+                        index,
+                        finish,
+                        usage,
+                    } => {
+                        choices[index].finish = finish;
+                        choices[index].usage = usage;
+                    }
+                    Piece::Failed(m) => return Err(m),
+                }
+            }
+        }
+        Ok(choices)
+    }
+}

@@ -1,0 +1,621 @@
+//! OpenAI's Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, `GET
+//! /v1/responses/{id}/input_items`. A request's `input` (a string or items: messages with text
+//! parts, `function_call`, `function_call_output`), `instructions` and function `tools` are read
+//! into the common `Conversation`; `text.format` into the output format; `previous_response_id`
+//! prepends the stored conversation it names (the prefix cache then finds the earlier turns).
+//! The answer is a response object with `message` and `function_call` output items, whole or
+//! as the typed events of `responses_stream`; with `store` (the default) it is kept per API key
+//! in the `ResponseStore`.
+
+use super::error::ApiError;
+use super::output::{Call, Choice, Finish, Outputs};
+use super::request::{check_fields, json_body, neutral, typed};
+use super::validate::{self, Conversation, Names, Settings};
+use super::{answer_model, finish, record, submit, unix_now};
+use crate::tenant::Tenant;
+use crate::tools::Tools;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use drafting::SpecOverrides;
+use engine::{Message, PromptEnd, ResponseFormat};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+const NAMES: Names = Names {
+    prompt: "input",
+    max_tokens: "max_output_tokens",
+    tools: "tools",
+};
+
+/// The fields pld reads (OpenAI's, then pld's own speculation and sampling settings).
+const FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "metadata",
+    "store",
+    "previous_response_id",
+    "stream",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "speculative_config",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+];
+
+/// Responses fields accepted only with the value that changes nothing here.
+fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
+    let null_or = |ok: &[&str]| v.is_null() || v.as_str().is_some_and(|s| ok.contains(&s));
+    Some(match field {
+        "truncation" => null_or(&["disabled"]),
+        "service_tier" => null_or(&["auto", "default"]),
+        "background" => v.is_null() || v.as_bool() == Some(false),
+        "include" => v.is_null() || v.as_array().is_some_and(|a| a.is_empty()),
+        // Hints for OpenAI's own caches; pld's prefix cache finds shared prefixes by itself.
+        "prompt_cache_key" | "safety_identifier" => v.is_null() || v.is_string(),
+        "reasoning" => {
+            v.is_null()
+                || v.as_object()
+                    .is_some_and(|o| o.values().all(Value::is_null))
+        }
+        "max_tool_calls" | "stream_options" | "prompt" => v.is_null(),
+        _ => return neutral(field, v),
+    })
+}
+
+#[derive(Deserialize)]
+struct ResponsesRequest {
+    model: Option<String>,
+    input: Option<Value>,
+    instructions: Option<String>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    text: Option<Value>,
+    max_output_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    metadata: Option<Map<String, Value>>,
+    store: Option<bool>,
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<u64>,
+    speculative_config: Option<SpecOverrides>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+}
+
+/// What a response object echoes of its request, and what the answer needs to be built.
+pub(super) struct Echo {
+    pub id: String,
+    pub created_at: u64,
+    pub model: String,
+    pub instructions: Option<String>,
+    pub tools: Vec<Value>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub text: Value,
+    pub max_output_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub metadata: Value,
+    pub store: bool,
+    pub previous_response_id: Option<String>,
+    /// Every input item of the conversation (the chained ones first), for the store.
+    pub input: Vec<Value>,
+}
+
+/// `POST /v1/responses`.
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    record(&state, "responses", tenant, &body);
+    let result = answer(&state, tenant, body).await;
+    finish(&state, result)
+}
+
+async fn answer(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut value = json_body(body)?;
+    check_fields(&mut value, FIELDS, responses_neutral, state.config.lenient)?;
+    let req: ResponsesRequest = typed(value)?;
+    let (conv, echo) = read(state, tenant, &req)?;
+    let settings = settings(&req)?;
+    let stream = settings.stream;
+    let valid = validate::chat(state, conv, settings, NAMES).await?;
+    let tools = valid.tools;
+    let rx = submit(state, tenant, valid)?;
+    let outputs = Outputs::new(rx, 1, tools, format!("call_{}", &echo.id[5..]));
+    if stream {
+        return Ok(
+            super::responses_stream::stream(state.clone(), tenant, echo, outputs).into_response(),
+        );
+    }
+    let choice = outputs
+        .collect()
+        .await
+        .map_err(ApiError::server)?
+        .pop()
+        .ok_or_else(|| ApiError::server("no output"))?;
+    let response = response_object(&echo, Some(&choice), "completed");
+    keep(state, tenant, &echo, &response);
+    Ok(Json(response).into_response())
+}
+
+/// Keeps a finished response when the request asked for it.
+pub(super) fn keep(state: &AppState, tenant: Tenant, echo: &Echo, response: &Value) {
+    if echo.store {
+        let mut store = state.store.lock().unwrap_or_else(|e| e.into_inner());
+        if !store.put(&echo.id, tenant, response.clone(), echo.input.clone()) {
+            tracing::warn!(id = %echo.id, "response too large to store");
+        }
+    }
+}
+
+/// The conversation and what the response echoes.
+fn read(
+    state: &AppState,
+    tenant: Tenant,
+    req: &ResponsesRequest,
+) -> Result<(Conversation, Echo), ApiError> {
+    let mut input = match &req.previous_response_id {
+        Some(prev) => {
+            let mut store = state.store.lock().unwrap_or_else(|e| e.into_inner());
+            store
+                .get(prev, tenant)
+                .ok_or_else(|| {
+                    ApiError::not_found(
+                        format!("Previous response with id '{prev}' not found."),
+                        Some("previous_response_id"),
+                    )
+                })?
+                .history()
+        }
+        None => Vec::new(),
+    };
+    let first_new = input.len();
+    match &req.input {
+        Some(Value::String(s)) => input.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => input.extend(items.iter().cloned()),
+        None if req.previous_response_id.is_some() => {}
+        None => return Err(super::request::missing("input")),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "input must be a string or a list of items",
+                Some("input"),
+            ))
+        }
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &req.instructions {
+        messages.push(Message::new("system", system));
+    }
+    for (i, item) in input.iter().enumerate() {
+        // Items from the stored chain were checked when they came in; errors name the new ones.
+        let at = i.checked_sub(first_new);
+        add_item(&mut messages, item, at)?;
+    }
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "input must not be empty",
+            Some("input"),
+        ));
+    }
+    let (specs, tools) = tools(req)?;
+    let echo = Echo {
+        id: super::random_id("resp_"),
+        created_at: unix_now(),
+        model: answer_model(state, req.model.as_deref()),
+        instructions: req.instructions.clone(),
+        tools: specs,
+        tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        text: req
+            .text
+            .clone()
+            .unwrap_or(json!({"format": {"type": "text"}})),
+        max_output_tokens: req.max_output_tokens,
+        temperature: req.temperature.unwrap_or(1.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        metadata: req.metadata.clone().map_or(json!({}), Value::Object),
+        store: req.store.unwrap_or(true),
+        previous_response_id: req.previous_response_id.clone(),
+        input,
+    };
+    let conv = Conversation {
+        messages,
+        tools,
+        end: PromptEnd::NextTurn,
+    };
+    Ok((conv, echo))
+}
+
+/// Adds input item `at` (None: an item of the stored chain) to the messages: a message, a
+/// function call (joined to the assistant turn before it) or a call's output (a `tool` turn).
+fn add_item(messages: &mut Vec<Message>, item: &Value, at: Option<usize>) -> Result<(), ApiError> {
+    let param = at.map_or_else(
+        || "previous_response_id".to_string(),
+        |i| format!("input[{i}]"),
+    );
+    let bad = |m: String| Err(ApiError::bad_request(format!("{param}: {m}"), Some(&param)));
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("");
+            let role = match role {
+                "user" | "assistant" | "system" => role,
+                "developer" => "system",
+                other => {
+                    return bad(format!(
+                        "role '{other}' is not supported (user, assistant, system, developer)"
+                    ))
+                }
+            };
+            let text = item_text(item.get("content"), &param)?;
+            messages.push(Message::new(role, &text));
+        }
+        "function_call" => {
+            let (Some(name), Some(call_id)) = (
+                item.get("name").and_then(Value::as_str),
+                item.get("call_id").and_then(Value::as_str),
+            ) else {
+                return bad("a function_call needs name and call_id".into());
+            };
+            let arguments = super::chat::template_arguments(item.get("arguments"), &param)?;
+            let call = super::chat::template_call(json!(call_id), json!(name), arguments);
+            match messages.last_mut() {
+                Some(m) if m.role == "assistant" => {
+                    m.tool_calls.get_or_insert_with(Vec::new).push(call)
+                }
+                _ => {
+                    let mut m = Message::new("assistant", "");
+                    m.tool_calls = Some(vec![call]);
+                    messages.push(m);
+                }
+            }
+        }
+        "function_call_output" => {
+            let Some(call_id) = item.get("call_id").and_then(Value::as_str) else {
+                return bad("a function_call_output needs call_id".into());
+            };
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                other => item_text(other, &param)?,
+            };
+            let name = messages
+                .iter()
+                .flat_map(|m| m.tool_calls.iter().flatten())
+                .find(|c| c["id"] == call_id)
+                .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
+            let mut m = Message::new("tool", &output);
+            m.tool_call_id = Some(call_id.to_string());
+            m.name = name;
+            messages.push(m);
+        }
+        other => {
+            return bad(format!(
+                "items of type '{other}' are not supported (message, function_call, function_call_output)"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A message's content: a string or text parts (`input_text`, `output_text`, `text`,
+/// `refusal`); other parts (images, files) are refused.
+fn item_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                let piece = match kind {
+                    "input_text" | "output_text" | "text" => p.get("text"),
+                    "refusal" => p.get("refusal"),
+                    _ => {
+                        let at = format!("{param}.content[{j}]");
+                        return Err(ApiError::bad_request(
+                            format!("{at}: content of type '{kind}' is not supported (text only)"),
+                            Some(&at),
+                        ));
+                    }
+                };
+                text.push_str(piece.and_then(Value::as_str).unwrap_or(""));
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::bad_request(
+            format!("{param}.content must be a string or a list of parts"),
+            Some(param),
+        )),
+    }
+}
+
+/// The function tools, as the response echoes them and as the template and grammar take them.
+fn tools(req: &ResponsesRequest) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
+    let given = req.tools.clone().unwrap_or_default();
+    let mut openai = Vec::new();
+    for (i, t) in given.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            other => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "{param}.type {} is not supported (function tools only)",
+                        other.map_or("missing".to_string(), |t| format!("'{t}'"))
+                    ),
+                    Some(&param),
+                ))
+            }
+        }
+        let mut function = json!({"name": t.get("name").cloned().unwrap_or(Value::Null)});
+        for key in ["description", "parameters", "strict"] {
+            if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+                function[key] = v.clone();
+            }
+        }
+        openai.push(json!({"type": "function", "function": function}));
+    }
+    // Responses names a function as {"type": "function", "name": ...}; chat nests it.
+    let choice = req.tool_choice.as_ref().map(|c| match c.get("name") {
+        Some(name) if c.get("type").and_then(Value::as_str) == Some("function") => {
+            json!({"type": "function", "function": {"name": name}})
+        }
+        _ => c.clone(),
+    });
+    let checked = Tools::parse(Some(&Value::Array(openai)), choice.as_ref())
+        .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))?;
+    Ok((given, checked))
+}
+
+/// The settings under their common names; `text.format` as the output format.
+fn settings(req: &ResponsesRequest) -> Result<Settings, ApiError> {
+    Ok(Settings {
+        model: req.model.clone(),
+        max_tokens: req.max_output_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        seed: req.seed,
+        stop: Vec::new(),
+        n: None,
+        speculative_config: req.speculative_config.clone(),
+        speculation: SpecOverrides {
+            num_speculative_tokens: req.num_speculative_tokens,
+            prompt_lookup_max: req.prompt_lookup_max,
+            prompt_lookup_min: req.prompt_lookup_min,
+            ..Default::default()
+        },
+        logprobs: None,
+        format: text_format(req.text.as_ref())?,
+        format_field: "text.format",
+        stream: req.stream,
+        include_usage: false,
+    })
+}
+
+/// `text.format`: `text`, `json_object`, or `json_schema` with its `schema` beside the type.
+fn text_format(text: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    let Some(format) = text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
+        return Ok(ResponseFormat::Text);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => validate::schema_format(format.get("schema"), "text.format.schema"),
+        other => Err(ApiError::bad_request(
+            format!(
+                "text.format.type must be text, json_object or json_schema, got {}",
+                other.map_or("nothing".to_string(), |t| format!("'{t}'"))
+            ),
+            Some("text.format"),
+        )),
+    }
+}
+
+/// The output items of a finished choice: a `message` with its text (when there is any, or
+/// when there are no calls), then one `function_call` per call.
+pub(super) fn output_items(echo: &Echo, choice: &Choice) -> Vec<Value> {
+    let mut items = Vec::new();
+    if !choice.text.is_empty() || choice.calls.is_empty() {
+        items.push(message_item(echo, &choice.text, "completed"));
+    }
+    for call in &choice.calls {
+        items.push(call_item(call, "completed"));
+    }
+    items
+}
+
+/// The id of the response's message item.
+pub(super) fn message_id(echo: &Echo) -> String {
+    format!("msg_{}", &echo.id[5..])
+}
+
+pub(super) fn message_item(echo: &Echo, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([text_part(text)])
+    };
+    json!({
+        "type": "message",
+        "id": message_id(echo),
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    })
+}
+
+pub(super) fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+/// The item id of a call (the call's own id is its `call_id`).
+pub(super) fn call_item_id(call: &Call) -> String {
+    format!("fc_{}", call.id.trim_start_matches("call_"))
+}
+
+pub(super) fn call_item(call: &Call, status: &str) -> Value {
+    let arguments = if status == "in_progress" {
+        ""
+    } else {
+        call.arguments.as_str()
+    };
+    json!({
+        "type": "function_call",
+        "id": call_item_id(call),
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    })
+}
+
+/// The response object: `choice` is the finished output (none yet while it runs).
+pub(super) fn response_object(echo: &Echo, choice: Option<&Choice>, status: &str) -> Value {
+    let (status, incomplete) = match choice.map(|c| &c.finish) {
+        Some(Finish::Length) => ("incomplete", json!({"reason": "max_output_tokens"})),
+        _ => (status, Value::Null),
+    };
+    let usage = choice.map_or(Value::Null, |c| {
+        json!({
+            "input_tokens": c.usage.prompt,
+            "input_tokens_details": {"cached_tokens": c.usage.cached, "cache_write_tokens": 0},
+            "output_tokens": c.usage.completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": c.usage.prompt + c.usage.completion,
+        })
+    });
+    json!({
+        "id": echo.id,
+        "object": "response",
+        "created_at": echo.created_at,
+        "status": status,
+        "error": null,
+        "incomplete_details": incomplete,
+        "instructions": echo.instructions,
+        "max_output_tokens": echo.max_output_tokens,
+        "model": echo.model,
+        "output": choice.map_or_else(Vec::new, |c| output_items(echo, c)),
+        "parallel_tool_calls": echo.parallel_tool_calls,
+        "previous_response_id": echo.previous_response_id,
+        "reasoning": {"effort": null, "summary": null},
+        "store": echo.store,
+        "temperature": echo.temperature,
+        "text": echo.text,
+        "tool_choice": echo.tool_choice,
+        "tools": echo.tools,
+        "top_p": echo.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": null,
+        "metadata": echo.metadata,
+    })
+}
+
+/// `GET /v1/responses/{id}`: the tenant's stored response.
+pub(super) async fn retrieve(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Response {
+    let found = stored(&state, &id, tenant).map(|s| Json(s.response).into_response());
+    finish(&state, found)
+}
+
+/// `GET /v1/responses/{id}/input_items`: the input items of the tenant's stored response.
+pub(super) async fn input_items(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Response {
+    let found = stored(&state, &id, tenant).map(|s| {
+        let data: Vec<Value> = s
+            .input
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let mut item = item.clone();
+                if item.get("id").is_none() {
+                    item["id"] = json!(format!("item_{}_{i}", &id));
+                }
+                if item.get("type").is_none() {
+                    item["type"] = json!("message");
+                }
+                item
+            })
+            .collect();
+        let first = data.first().map(|d| d["id"].clone());
+        let last = data.last().map(|d| d["id"].clone());
+        Json(json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": false}))
+            .into_response()
+    });
+    finish(&state, found)
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub(super) async fn delete(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Response {
+    let removed = state
+        .store
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id, tenant);
+    let result = if removed {
+        Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
+    } else {
+        Err(unknown(&id))
+    };
+    finish(&state, result)
+}
+
+fn stored(state: &AppState, id: &str, tenant: Tenant) -> Result<super::store::Stored, ApiError> {
+    state
+        .store
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(id, tenant)
+        .ok_or_else(|| unknown(id))
+}
+
+/// The 404 for an id that is not stored for this API key (unknown, deleted, evicted, or
+/// another key's: the answer does not tell them apart).
+fn unknown(id: &str) -> ApiError {
+    ApiError::not_found(format!("Response with id '{id}' not found."), None)
+}

@@ -1,0 +1,168 @@
+//! What the server's test files share: the test model, a server config, a server started on a
+//! free loopback port, HTTP clients, and running the official Python clients.
+#![allow(dead_code)]
+
+use engine::LoadedModel;
+use serde_json::Value;
+use server::ServerConfig;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub fn model() -> Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = models::resolve_model("smollm2-135m").expect("model available");
+        Arc::new(LoadedModel::load(&path).expect("model loads"))
+    })
+    .clone()
+}
+
+/// The prefix cache's budget in these tests (a few thousand positions of smollm2-135m).
+pub const PREFIX_CACHE_BYTES: usize = 256 << 20;
+
+pub fn config() -> ServerConfig {
+    ServerConfig {
+        model_names: vec!["smollm2-135m".into()],
+        api_keys: Vec::new(),
+        corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
+        prefix_cache_bytes: PREFIX_CACHE_BYTES,
+        max_num_seqs: 16,
+        max_queue: 64,
+        max_model_len: 2048,
+        max_body_bytes: 64 * 1024,
+        spec: drafting::SpecConfig {
+            num_speculative_tokens: 8,
+            prompt_lookup_max: 3,
+            prompt_lookup_min: 1,
+            match_policy: drafting::MatchPolicy::Recent,
+            adaptive: true,
+            ..Default::default()
+        },
+        cors_origins: Vec::new(),
+        lenient: false,
+        max_stored_responses: server::DEFAULT_MAX_STORED_RESPONSES,
+        stored_responses_bytes: server::DEFAULT_STORED_RESPONSES_BYTES,
+        record_requests: None,
+    }
+}
+
+/// Starts a server on a free loopback port; returns its base URL.
+pub async fn start(config: ServerConfig) -> String {
+    start_with(model(), config).await
+}
+
+/// `start` with another model.
+pub async fn start_with(lm: Arc<LoadedModel>, config: ServerConfig) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = server::app(lm, config);
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    format!("http://{addr}")
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
+pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    post_by(&client(), base, path, body).await
+}
+
+/// `post` with a given client (one that sends an API key).
+pub async fn post_by(c: &reqwest::Client, base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = c
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A client that sends `key` with every request.
+pub fn client_of(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {key}").parse().unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+/// Runs a Python script (the openai client's tests) off the async workers; fails with its output
+/// unless it succeeds.
+pub async fn run_python(script: String) {
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Installs the official Python clients the tests drive, unless they are there.
+pub fn python_clients() {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import openai, anthropic, jsonschema, pydantic"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let st = std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "openai",
+                "anthropic",
+                "jsonschema",
+            ])
+            .status()
+            .expect("python3 runs");
+        assert!(
+            st.success(),
+            "pip install openai anthropic jsonschema failed"
+        );
+    }
+}
+
+/// Runs one of the client scripts in `tests/clients` with these arguments; fails with its output
+/// unless it succeeds.
+pub async fn run_client(script: &str, args: Vec<String>) {
+    python_clients();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
+    let path = format!("{dir}/{script}");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(&path)
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
