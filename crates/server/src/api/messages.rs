@@ -57,13 +57,25 @@ const FIELDS: &[&str] = &[
 /// Messages fields accepted only with the value that changes nothing here.
 fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
     Some(match field {
-        "thinking" => v.is_null() || v["type"] == "disabled",
+        // pld's models do not think: "adaptive" (the model decides) changes nothing.
+        "thinking" => v.is_null() || v["type"] == "disabled" || v["type"] == "adaptive",
         "service_tier" => {
             v.is_null()
                 || v.as_str()
                     .is_some_and(|s| s == "auto" || s == "standard_only")
         }
-        "container" | "mcp_servers" | "context_management" | "diagnostics" => {
+        // Clearing thinking blocks clears nothing: no output here has any.
+        "context_management" => {
+            v.is_null()
+                || v["edits"].as_array().is_some_and(|edits| {
+                    edits.iter().all(|e| {
+                        e["type"]
+                            .as_str()
+                            .is_some_and(|t| t.starts_with("clear_thinking"))
+                    })
+                })
+        }
+        "container" | "mcp_servers" | "diagnostics" => {
             v.is_null() || v.as_array().is_some_and(|a| a.is_empty())
         }
         // Hints for Anthropic's own caches and routing; pld's prefix cache finds shared
@@ -164,7 +176,7 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     let req = read_body(state, body, false)?;
     let model = model_named(state, &req)?;
-    let conv = conversation(&req)?;
+    let conv = conversation(&req, state.config.lenient)?;
     let settings = settings(&req, model.clone())?;
     let valid = validate::chat(state, conv, settings, NAMES).await?;
     let (stream, tools, prompt_tokens) = (valid.stream, valid.tools, valid.prompt.len());
@@ -195,7 +207,7 @@ pub(super) async fn count_tokens(
     let result = async {
         let req = read_body(&state, body, true)?;
         model_named(&state, &req)?;
-        let conv = conversation(&req)?;
+        let conv = conversation(&req, state.config.lenient)?;
         let prompt = validate::render(&state, &conv, NAMES)?;
         let ids = validate::tokenize(&state, prompt, NAMES.prompt).await?;
         Ok(Json(json!({"input_tokens": ids.len()})).into_response())
@@ -232,7 +244,7 @@ fn settings(req: &MessagesRequest, model: Option<String>) -> Result<Settings, Ap
     })
 }
 
-/// Structured output from `output_config.format` (a JSON schema); `effort` only when null.
+/// Structured output from `output_config.format` (a JSON schema); `effort` changes nothing.
 fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiError> {
     let Some(config) = config.filter(|c| !c.is_null()) else {
         return Ok(engine::ResponseFormat::Text);
@@ -246,7 +258,8 @@ fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiEr
     for (key, value) in object {
         match key.as_str() {
             "format" => {}
-            "effort" if value.is_null() => {}
+            // How hard to think: the models pld runs do not think, so any effort is the same.
+            "effort" => {}
             other => {
                 return Err(ApiError::bad_request(
                     format!("output_config.{other} is not supported with this value ({value})"),
@@ -268,7 +281,7 @@ fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiEr
 }
 
 /// The system prompt, the messages and the tools as the template takes them.
-fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
+fn conversation(req: &MessagesRequest, lenient: bool) -> Result<Conversation, ApiError> {
     let wire = req
         .messages
         .as_ref()
@@ -291,7 +304,7 @@ fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
     }
     Ok(Conversation {
         messages,
-        tools: tools(req)?,
+        tools: tools(req, lenient)?,
         end: PromptEnd::Auto,
     })
 }
@@ -331,9 +344,18 @@ fn unsupported_block(kind: Option<&str>, param: &str) -> ApiError {
 /// text); an assistant turn's `tool_use` blocks become its calls.
 fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result<(), ApiError> {
     let param = format!("messages[{i}]");
+    if m.role == "system" {
+        // A system message within the conversation (Claude Code sends them): text only.
+        let text = blocks_text(&m.content, &format!("{param}.content"))?;
+        messages.push(Message::new("system", &text));
+        return Ok(());
+    }
     if m.role != "user" && m.role != "assistant" {
         return Err(ApiError::bad_request(
-            format!("{param}.role must be user or assistant, got '{}'", m.role),
+            format!(
+                "{param}.role must be user, assistant or system, got '{}'",
+                m.role
+            ),
             Some(&format!("{param}.role")),
         ));
     }
@@ -406,19 +428,19 @@ fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result
 }
 
 /// The tools (`name`, `description`, `input_schema`) and `tool_choice`, checked as chat's.
-fn tools(req: &MessagesRequest) -> Result<Option<Tools>, ApiError> {
+/// Anthropic's server tools are refused, or under `--lenient` dropped with a log line.
+fn tools(req: &MessagesRequest, lenient: bool) -> Result<Option<Tools>, ApiError> {
     let mut openai = Vec::new();
     for (i, t) in req.tools.iter().flatten().enumerate() {
         let param = format!("tools[{i}]");
-        if let Some(kind) = t
-            .get("type")
-            .and_then(Value::as_str)
-            .filter(|k| *k != "custom")
-        {
-            return Err(ApiError::bad_request(
-                format!("{param}: tools of type '{kind}' (server tools) are not supported; give custom tools with name and input_schema"),
-                Some(&param),
-            ));
+        let kind = t.get("type").and_then(Value::as_str);
+        if let Some(kind) = kind.filter(|k| *k != "custom") {
+            let problem = format!("{param}: tools of type '{kind}' (server tools) are not supported; give custom tools with name and input_schema");
+            if !lenient {
+                return Err(ApiError::bad_request(problem, Some(&param)));
+            }
+            tracing::warn!("ignored: {problem}");
+            continue;
         }
         let mut function = json!({"name": t.get("name").cloned().unwrap_or(Value::Null)});
         if let Some(d) = t.get("description").filter(|d| !d.is_null()) {

@@ -65,15 +65,19 @@ fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
         "truncation" => null_or(&["disabled"]),
         "service_tier" => null_or(&["auto", "default"]),
         "background" => v.is_null() || v.as_bool() == Some(false),
-        "include" => v.is_null() || v.as_array().is_some_and(|a| a.is_empty()),
+        "include" => {
+            v.is_null()
+                || v.as_array()
+                    .is_some_and(|a| a.iter().all(|i| i == "reasoning.encrypted_content"))
+        }
         // Hints for OpenAI's own caches; pld's prefix cache finds shared prefixes by itself.
         "prompt_cache_key" | "safety_identifier" => v.is_null() || v.is_string(),
-        "reasoning" => {
-            v.is_null()
-                || v.as_object()
-                    .is_some_and(|o| o.values().all(Value::is_null))
-        }
+        // The models pld runs do not reason: any effort is the same, and there is no reasoning
+        // to summarize or to include.
+        "reasoning" => v.is_null() || v.is_object(),
         "max_tool_calls" | "stream_options" | "prompt" => v.is_null(),
+        // What a client says about itself (Codex: its thread and turn); it changes no output.
+        "client_metadata" => v.is_null() || v.is_object(),
         _ => return neutral(field, v),
     })
 }
@@ -226,7 +230,7 @@ fn read(
             Some("input"),
         ));
     }
-    let (specs, tools) = tools(req)?;
+    let (specs, tools) = tools(req, state.config.lenient)?;
     let echo = Echo {
         id: super::random_id("resp_"),
         created_at: unix_now(),
@@ -362,21 +366,27 @@ fn item_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
 }
 
 /// The function tools, as the response echoes them and as the template and grammar take them.
-fn tools(req: &ResponsesRequest) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
-    let given = req.tools.clone().unwrap_or_default();
+/// Other tools (OpenAI's hosted tools, namespaces) are refused, or under `--lenient` dropped with
+/// a log line.
+fn tools(req: &ResponsesRequest, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
+    let mut given = req.tools.clone().unwrap_or_default();
     let mut openai = Vec::new();
+    let mut dropped = Vec::new();
     for (i, t) in given.iter().enumerate() {
         let param = format!("tools[{i}]");
         match t.get("type").and_then(Value::as_str) {
             Some("function") => {}
             other => {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "{param}.type {} is not supported (function tools only)",
-                        other.map_or("missing".to_string(), |t| format!("'{t}'"))
-                    ),
-                    Some(&param),
-                ))
+                let problem = format!(
+                    "{param}.type {} is not supported (function tools only)",
+                    other.map_or("missing".to_string(), |t| format!("'{t}'"))
+                );
+                if !lenient {
+                    return Err(ApiError::bad_request(problem, Some(&param)));
+                }
+                tracing::warn!("ignored: {problem}");
+                dropped.push(i);
+                continue;
             }
         }
         let mut function = json!({"name": t.get("name").cloned().unwrap_or(Value::Null)});
@@ -386,6 +396,9 @@ fn tools(req: &ResponsesRequest) -> Result<(Vec<Value>, Option<Tools>), ApiError
             }
         }
         openai.push(json!({"type": "function", "function": function}));
+    }
+    for i in dropped.into_iter().rev() {
+        given.remove(i);
     }
     // Responses names a function as {"type": "function", "name": ...}; chat nests it.
     let choice = req.tool_choice.as_ref().map(|c| match c.get("name") {
