@@ -303,3 +303,79 @@ async fn requests_are_recorded_per_api() {
         .all(|l| l["time"].as_f64().unwrap() > 1.7e9 && l["tenant"] == 0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Bodies shaped as Codex CLI and Claude Code send them (every field they send, with their
+/// values): accepted as they are; the hosted tools among them only under `--lenient`, refused
+/// naming the tool otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_shaped_requests_are_accepted() {
+    let function = json!({"type": "function", "name": "exec_command", "description": "Runs a command.", "strict": false,
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"], "additionalProperties": false}});
+    let codex = json!({
+        "model": "qwen-coder-0.5b", "stream": true, "store": false, "tool_choice": "auto", "parallel_tool_calls": true,
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
+        ],
+        "tools": [function, {"type": "namespace", "name": "multi_agent", "tools": []}, {"type": "web_search"}],
+        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0123", "client_metadata": {"thread_id": "0123"}, "max_output_tokens": 4,
+    });
+    let claude = json!({
+        "model": "qwen-coder-0.5b", "max_tokens": 4, "stream": false,
+        "system": [{"type": "text", "text": "billing header"}, {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>date</system-reminder>"}, {"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "Available agent types: none."},
+        ],
+        "tools": [{"name": "Bash", "description": "Runs a command.", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+                  {"type": "web_search_20250305", "name": "web_search"}],
+        "metadata": {"user_id": "{\"session_id\": \"x\"}"}, "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+    });
+    let qwen_config = || {
+        let mut c = config();
+        c.model_names = vec!["qwen-coder-0.5b".into()];
+        c
+    };
+    let strict = start_with(qwen(), qwen_config()).await;
+    let (status, e) = post(&strict, "/v1/responses", codex.clone()).await;
+    assert_eq!(
+        (status, e["error"]["param"].clone()),
+        (400, json!("tools[1]")),
+        "{e}"
+    );
+    let (status, e) = post(&strict, "/v1/messages", claude.clone()).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("tools[1]"),
+        "{e}"
+    );
+    let mut plain = claude.clone();
+    plain["tools"].as_array_mut().unwrap().pop();
+    let (status, m) = post(&strict, "/v1/messages", plain).await;
+    assert_eq!((status, m["type"].clone()), (200, json!("message")), "{m}");
+
+    let mut c = qwen_config();
+    c.lenient = true;
+    let lenient = start_with(qwen(), c).await;
+    let r = client()
+        .post(format!("{lenient}/v1/responses"))
+        .json(&codex)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("event: response.completed") || text.contains("event: response.incomplete"),
+        "{text}"
+    );
+    let (status, m) = post(&lenient, "/v1/messages", claude).await;
+    assert_eq!(
+        (status, m["stop_reason"].clone()),
+        (200, json!("max_tokens")),
+        "{m}"
+    );
+}
