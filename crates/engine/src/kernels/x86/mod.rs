@@ -1,8 +1,8 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
-//! layout), `packed` (the same over the interleaved layout), `attention` (with `online_softmax`,
-//! its weights of a block), and `elementwise` (dot, softmax, SwiGLU). All are `unsafe`: they may
-//! only run on a CPU with the features their `#[target_feature]` names, which their callers in
-//! `kernels` check first.
+//! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
+//! `attention` (with `online_softmax`, its weights of a block), and `elementwise` (dot, softmax,
+//! SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
+//! `#[target_feature]` names, which their callers in `kernels` check first.
 
 use super::format::Format;
 use std::arch::x86_64::*;
@@ -13,6 +13,7 @@ mod online_softmax;
 mod packed;
 mod peak;
 mod products;
+mod sums;
 mod width;
 
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
