@@ -141,110 +141,13 @@ impl Parser {
         Ok(alts.join(" | "))
     }
 
+    /// A sequence of items (possibly none: the empty string), up to `|`, `)` or the end of the
+    /// rule.
     fn sequence(&mut self, nested: bool) -> Result<String, String> {
         let mut items: Vec<String> = Vec::new();
-        loop {
-            let atom = match self.peek() {
-                Some('"') => {
-                    self.pos += 1;
-                    let mut text = String::new();
-                    loop {
-                        match self.peek() {
-                            None => return Err(self.error("unterminated string literal")),
-                            Some('"') => {
-                                self.pos += 1;
-                                break;
-                            }
-                            Some(_) => text.push(self.char_in_literal()?),
-                        }
-                    }
-                    json_string(&text)
-                }
-                Some('[') => {
-                    self.pos += 1;
-                    let mut class = String::from("/[");
-                    if self.peek() == Some('^') {
-                        self.pos += 1;
-                        class.push('^');
-                    }
-                    let mut empty = true;
-                    loop {
-                        match self.peek() {
-                            None => return Err(self.error("unterminated character class")),
-                            Some(']') => {
-                                self.pos += 1;
-                                break;
-                            }
-                            Some(_) => {
-                                let lo = self.char_in_literal()?;
-                                let _ = write!(class, "\\x{{{:x}}}", lo as u32);
-                                if self.peek() == Some('-')
-                                    && self.peek_at(1).is_some_and(|c| c != ']')
-                                {
-                                    self.pos += 1;
-                                    let hi = self.char_in_literal()?;
-                                    if hi < lo {
-                                        return Err(self.error(format!(
-                                            "character range '{lo}'-'{hi}' runs backwards"
-                                        )));
-                                    }
-                                    let _ = write!(class, "-\\x{{{:x}}}", hi as u32);
-                                }
-                                empty = false;
-                            }
-                        }
-                    }
-                    if empty {
-                        return Err(self.error("empty character class"));
-                    }
-                    class.push_str("]/");
-                    class
-                }
-                Some('.') => {
-                    self.pos += 1;
-                    "/(?s:.)/".to_string()
-                }
-                Some('(') => {
-                    self.pos += 1;
-                    self.space(true);
-                    let inner = self.alternatives(true)?;
-                    if self.peek() != Some(')') {
-                        return Err(self.error("expected ')'"));
-                    }
-                    self.pos += 1;
-                    format!("({inner})")
-                }
-                Some('<') => {
-                    return Err(self.error(
-                        "token references (<...>) are not supported: write the text instead",
-                    ))
-                }
-                Some(c) if c.is_ascii_alphanumeric() || c == '-' => {
-                    let name = self.name().unwrap_or_default();
-                    let lark = lark_name(&name);
-                    self.used.insert(name);
-                    lark
-                }
-                _ => break,
-            };
+        while let Some(atom) = self.atom()? {
             self.space(nested);
-            let item = match self.peek() {
-                Some(op @ ('*' | '+' | '?')) => {
-                    self.pos += 1;
-                    format!("({atom}){op}")
-                }
-                Some('{') => {
-                    self.pos += 1;
-                    let (min, max) = self.repetition()?;
-                    match (min, max) {
-                        (_, Some(0)) => "\"\"".to_string(),
-                        (m, Some(n)) if m == n => format!("({atom}){{{m}}}"),
-                        (m, Some(n)) => format!("({atom}){{{m},{n}}}"),
-                        (m, None) => format!("({atom}){{{m},}}"),
-                    }
-                }
-                _ => atom,
-            };
+            let item = self.repeated(atom)?;
             self.space(nested);
             items.push(item);
         }
@@ -252,6 +155,120 @@ impl Parser {
             "\"\"".to_string()
         } else {
             items.join(" ")
+        })
+    }
+
+    /// The next atom in Lark (a literal, a class, `.`, a group or a rule name), or `None` where
+    /// the sequence ends.
+    fn atom(&mut self) -> Result<Option<String>, String> {
+        Ok(Some(match self.peek() {
+            Some('"') => self.string_literal()?,
+            Some('[') => self.char_class()?,
+            Some('.') => {
+                self.pos += 1;
+                "/(?s:.)/".to_string()
+            }
+            Some('(') => self.group()?,
+            Some('<') => {
+                return Err(self
+                    .error("token references (<...>) are not supported: write the text instead"))
+            }
+            Some(c) if c.is_ascii_alphanumeric() || c == '-' => {
+                let name = self.name().unwrap_or_default();
+                let lark = lark_name(&name);
+                self.used.insert(name);
+                lark
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// `"..."` (at its `"`) as a Lark string.
+    fn string_literal(&mut self) -> Result<String, String> {
+        self.pos += 1;
+        let mut text = String::new();
+        loop {
+            match self.peek() {
+                None => return Err(self.error("unterminated string literal")),
+                Some('"') => {
+                    self.pos += 1;
+                    break;
+                }
+                Some(_) => text.push(self.char_in_literal()?),
+            }
+        }
+        Ok(json_string(&text))
+    }
+
+    /// `[...]` (at its `[`) as a Lark regular expression, every character as `\x{..}`.
+    fn char_class(&mut self) -> Result<String, String> {
+        self.pos += 1;
+        let mut class = String::from("/[");
+        if self.peek() == Some('^') {
+            self.pos += 1;
+            class.push('^');
+        }
+        let mut empty = true;
+        loop {
+            match self.peek() {
+                None => return Err(self.error("unterminated character class")),
+                Some(']') => {
+                    self.pos += 1;
+                    break;
+                }
+                Some(_) => {
+                    let lo = self.char_in_literal()?;
+                    let _ = write!(class, "\\x{{{:x}}}", lo as u32);
+                    if self.peek() == Some('-') && self.peek_at(1).is_some_and(|c| c != ']') {
+                        self.pos += 1;
+                        let hi = self.char_in_literal()?;
+                        if hi < lo {
+                            return Err(
+                                self.error(format!("character range '{lo}'-'{hi}' runs backwards"))
+                            );
+                        }
+                        let _ = write!(class, "-\\x{{{:x}}}", hi as u32);
+                    }
+                    empty = false;
+                }
+            }
+        }
+        if empty {
+            return Err(self.error("empty character class"));
+        }
+        class.push_str("]/");
+        Ok(class)
+    }
+
+    /// `(...)` (at its `(`): the alternatives inside, in parentheses.
+    fn group(&mut self) -> Result<String, String> {
+        self.pos += 1;
+        self.space(true);
+        let inner = self.alternatives(true)?;
+        if self.peek() != Some(')') {
+            return Err(self.error("expected ')'"));
+        }
+        self.pos += 1;
+        Ok(format!("({inner})"))
+    }
+
+    /// `atom` with the repetition that follows it, if any (`*`, `+`, `?`, `{...}`).
+    fn repeated(&mut self, atom: String) -> Result<String, String> {
+        Ok(match self.peek() {
+            Some(op @ ('*' | '+' | '?')) => {
+                self.pos += 1;
+                format!("({atom}){op}")
+            }
+            Some('{') => {
+                self.pos += 1;
+                match self.repetition()? {
+                    (_, Some(0)) => "\"\"".to_string(),
+                    (m, Some(n)) if m == n => format!("({atom}){{{m}}}"),
+                    (m, Some(n)) => format!("({atom}){{{m},{n}}}"),
+                    (m, None) => format!("({atom}){{{m},}}"),
+                }
+            }
+            _ => atom,
         })
     }
 
