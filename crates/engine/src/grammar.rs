@@ -9,10 +9,11 @@
 //! tokens before it, constrained decoding with speculation gives exactly what it gives without.
 
 use crate::error::{EngineError, Result};
+use crate::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub mod gbnf;
 
@@ -136,6 +137,41 @@ impl GrammarCompiler {
             matcher,
             end_tokens: self.end_tokens.clone(),
         }))
+    }
+}
+
+/// A compiler built (or the reason it could not be), by tokenizer and vocabulary size.
+type CachedCompiler = (
+    (u64, usize),
+    std::result::Result<Arc<GrammarCompiler>, String>,
+);
+
+/// The compilers built lately, the most recently used first: `COMPILERS_KEPT` of them, so that a
+/// process that has loaded several models keeps one for each of the last few.
+static COMPILERS: Mutex<Vec<CachedCompiler>> = Mutex::new(Vec::new());
+const COMPILERS_KEPT: usize = 4;
+
+impl Tokenizer {
+    /// The grammar compiler for structured output over the model's `vocab_size` logits, built on
+    /// first use and kept (`COMPILERS`). It is defined here so that the dependency goes one way:
+    /// the grammar reads the tokenizer, and the tokenizer knows nothing of grammars.
+    pub fn grammar(&self, vocab_size: usize) -> Result<Arc<GrammarCompiler>> {
+        let key = (self.id(), vocab_size);
+        let mut cache = COMPILERS.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match cache.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                let token = |id| (self.token_bytes(id), self.is_control(id));
+                let built = GrammarCompiler::new(vocab_size, token, &self.end_tokens, self.bos)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+                cache.truncate(COMPILERS_KEPT - 1);
+                cache.push((key, built));
+                cache.len() - 1
+            }
+        };
+        cache[..=at].rotate_right(1);
+        cache[0].1.clone().map_err(EngineError::InvalidConfig)
     }
 }
 

@@ -11,9 +11,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::grammar::GrammarCompiler;
 use candle_core::quantized::gguf_file::Value;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
@@ -47,7 +46,11 @@ const END_OF_TURN_TEXTS: [&str; 6] = [
     "<|end|>",
 ];
 
+/// A model's tokenizer. What is built over its vocabulary elsewhere is cached there under its
+/// `id` (the grammar compiler for structured output: `Tokenizer::grammar`, in `crate::grammar`).
 pub struct Tokenizer {
+    /// Unique in this process (see `id`).
+    id: u64,
     inner: tokenizers::Tokenizer,
     token_bytes: Vec<Vec<u8>>,
     is_control: Vec<bool>,
@@ -56,9 +59,10 @@ pub struct Tokenizer {
     pub add_bos: bool,
     /// Tokens that end generation: eos, end-of-turn, and the chat formats' end markers.
     pub end_tokens: Vec<u32>,
-    /// The grammar compiler over this vocabulary, built on first use.
-    grammar: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
+
+/// The next `Tokenizer::id`.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 fn err(msg: impl std::fmt::Display) -> EngineError {
     EngineError::Tokenizer(msg.to_string())
@@ -155,6 +159,7 @@ impl Tokenizer {
         end_tokens.sort_unstable();
         end_tokens.dedup();
         Ok(Tokenizer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             inner,
             token_bytes,
             is_control,
@@ -164,21 +169,13 @@ impl Tokenizer {
                 .get_bool_opt("tokenizer.ggml.add_bos_token")
                 .unwrap_or(false),
             end_tokens,
-            grammar: OnceLock::new(),
         })
     }
 
-    /// The grammar compiler for structured output over the model's `vocab_size` logits (built
-    /// once; later calls reuse it).
-    pub fn grammar(&self, vocab_size: usize) -> Result<&GrammarCompiler> {
-        self.grammar
-            .get_or_init(|| {
-                let token = |id| (self.token_bytes(id), self.is_control(id));
-                GrammarCompiler::new(vocab_size, token, &self.end_tokens, self.bos)
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| EngineError::InvalidConfig(e.clone()))
+    /// This tokenizer among all those of the process (each gets its own), the key under which
+    /// what is built over its vocabulary is cached.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The length in bytes of the longest token: a text of `b` bytes has at least
