@@ -6,6 +6,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod generation;
 pub mod gguf;
 pub mod grammar;
 pub mod kernels;
@@ -25,9 +26,8 @@ pub mod weights;
 
 pub use chat::{ChatTemplate, Message, PromptEnd};
 pub use error::{EngineError, Result};
-pub use generate::{
-    generate, generate_reusing, FinishReason, GenerationConfig, GenerationOutput, LOCAL_NAMESPACE,
-};
+pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
+pub use generation::{FinishReason, GenerationConfig, GenerationOutput};
 pub use grammar::ResponseFormat;
 pub use logprobs::TokenLogprob;
 pub use model::{Config, Model};

@@ -2,7 +2,7 @@
 //! change, log-probabilities, the final output). `step` advances it.
 
 use crate::error::{EngineError, Result};
-use crate::generate::{FinishReason, GenerationConfig, GenerationOutput};
+use crate::generation::{FinishReason, GenerationConfig, GenerationOutput};
 use crate::grammar::Constraint;
 use crate::kv_cache::KvCache;
 use crate::logprobs::TokenLogprob;
@@ -155,7 +155,7 @@ impl Sequence {
     pub fn cancel(&mut self) {
         if !self.is_finished() {
             self.text.push_str(&self.stream.finish());
-            self.phase = Phase::Finished(crate::generate::FinishReason::Cancelled);
+            self.phase = Phase::Finished(FinishReason::Cancelled);
         }
     }
 

@@ -5,7 +5,6 @@
 //! its cache, counts it, teaches its drafter and emits the tokens.
 
 use crate::error::Result;
-use crate::generate::PREFILL_CHUNK;
 use crate::logprobs::top_ids;
 use crate::model::{BatchItem, Model};
 use crate::sequence::{Phase, Sequence};
@@ -14,6 +13,9 @@ use crate::verify::constrained::{cut_draft, first_token, verify_constrained};
 use crate::verify::{verify, verify_tree};
 use drafting::{path_rows, DraftTree};
 use std::time::{Duration, Instant};
+
+/// Prompt tokens fed per forward pass during prefill.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// One sequence's inputs to a pass.
 struct PassInput {

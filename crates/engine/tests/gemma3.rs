@@ -172,7 +172,7 @@ fn gemma3_batched_pass_equals_single_steps() {
     assert!(case.prompt_ids.len() > m.config.sliding_window.unwrap());
     let cont = &case.greedy_ids[..8];
     let prefill = |cache: &mut KvCache| {
-        for chunk in case.prompt_ids.chunks(engine::generate::PREFILL_CHUNK) {
+        for chunk in case.prompt_ids.chunks(engine::step::PREFILL_CHUNK) {
             m.forward(&mut [BatchItem {
                 tokens: chunk,
                 cache,

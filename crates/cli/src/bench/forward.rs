@@ -154,7 +154,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let tokens: Vec<u32> = seed_ids.iter().cycle().take(capacity).copied().collect();
     let mut cache = model.new_cache(capacity);
     let prefill = |cache: &mut engine::kv_cache::KvCache, toks: &[u32]| -> anyhow::Result<()> {
-        for chunk in toks.chunks(engine::generate::PREFILL_CHUNK) {
+        for chunk in toks.chunks(engine::step::PREFILL_CHUNK) {
             model.forward(&mut [engine::model::BatchItem {
                 tokens: chunk,
                 cache: &mut *cache,

@@ -104,7 +104,7 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
 pub fn teacher_forced(m: &engine::model::Model, prompt: &[u32], cont: &[u32]) -> Vec<f32> {
     let mut cache = m.new_cache(prompt.len() + cont.len() + 1);
     let mut rows = Vec::new();
-    for chunk in prompt.chunks(engine::generate::PREFILL_CHUNK) {
+    for chunk in prompt.chunks(engine::step::PREFILL_CHUNK) {
         rows = m
             .forward(&mut [engine::model::BatchItem {
                 tokens: chunk,
