@@ -47,7 +47,7 @@ const END_OF_TURN_TEXTS: [&str; 6] = [
 ];
 
 /// A model's tokenizer. What is built over its vocabulary elsewhere is cached there under its
-/// `id` (the grammar compiler for structured output: `Tokenizer::grammar`, in `crate::grammar`).
+/// `id` (the grammar compiler for structured output: `Tokenizer::grammar`, in `grammar.rs`).
 pub struct Tokenizer {
     /// Unique in this process (see `id`).
     id: u64,
