@@ -5,6 +5,8 @@
 
 use super::results::{ForwardReport, ForwardRun, PassTiming};
 use clap::Args;
+use engine::kv_cache::KvCache;
+use engine::model::BatchItem;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -133,12 +135,79 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Feeds `toks` into `cache` in prefill chunks, as generation does.
+fn prefill(model: &engine::Model, cache: &mut KvCache, toks: &[u32]) -> anyhow::Result<()> {
+    for chunk in toks.chunks(engine::step::PREFILL_CHUNK) {
+        model.forward(&mut [BatchItem {
+            tokens: chunk,
+            cache: &mut *cache,
+            all_logits: false,
+            parents: &[],
+        }])?;
+    }
+    Ok(())
+}
+
+/// Each pass size over `context` cached positions (the cache cut back after each): its size, its
+/// median and its fastest time in ms over `repeats` runs after one warm-up.
+fn time_passes(
+    model: &engine::Model,
+    cache: &mut KvCache,
+    tokens: &[u32],
+    context: usize,
+    repeats: usize,
+) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+    let sizes = [1usize, 2, 4, 8, 16, 32, 64];
+    let mut passes = Vec::new();
+    for &n in &sizes {
+        let input = &tokens[context..context + n];
+        let mut times = Vec::new();
+        for rep in 0..repeats + 1 {
+            let t = Instant::now();
+            model.forward(&mut [BatchItem {
+                tokens: input,
+                cache: &mut *cache,
+                all_logits: true,
+                parents: &[],
+            }])?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            cache.truncate(context);
+            if rep > 0 {
+                times.push(ms);
+            }
+        }
+        let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+        passes.push((n, median(times), fastest));
+    }
+    Ok(passes)
+}
+
+/// Decode: 64 single-token passes after `context` positions, each appending to the cache;
+/// tokens per second.
+fn time_decode(
+    model: &engine::Model,
+    cache: &mut KvCache,
+    tokens: &[u32],
+    context: usize,
+) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let decode_steps = 64;
+    for i in 0..decode_steps {
+        model.forward(&mut [BatchItem {
+            tokens: &tokens[context + i..context + i + 1],
+            cache: &mut *cache,
+            all_logits: true,
+            parents: &[],
+        }])?;
+    }
+    Ok(decode_steps as f64 / t.elapsed().as_secs_f64())
+}
+
 /// Every figure at one thread count, in this process.
 fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let threads = crate::common::init_threads(Some(threads))?;
     let lm = crate::common::load_model(&a.model, &a.kv)?;
     let model = &lm.model;
-    let sizes = [1usize, 2, 4, 8, 16, 32, 64];
     let capacity = (a.context + 64 + 64).max(a.prefill_tokens + 1);
     if capacity > model.config.context_len {
         anyhow::bail!(
@@ -153,56 +222,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let seed_ids = lm.tokenizer.encode(text)?;
     let tokens: Vec<u32> = seed_ids.iter().cycle().take(capacity).copied().collect();
     let mut cache = model.new_cache(capacity);
-    let prefill = |cache: &mut engine::kv_cache::KvCache, toks: &[u32]| -> anyhow::Result<()> {
-        for chunk in toks.chunks(engine::step::PREFILL_CHUNK) {
-            model.forward(&mut [engine::model::BatchItem {
-                tokens: chunk,
-                cache: &mut *cache,
-                all_logits: false,
-                parents: &[],
-            }])?;
-        }
-        Ok(())
-    };
     // Prefill of a long prompt into an empty cache, as generation does it (chunked).
     let t = Instant::now();
-    prefill(&mut cache, &tokens[..a.prefill_tokens])?;
+    prefill(model, &mut cache, &tokens[..a.prefill_tokens])?;
     let prefill_tps = a.prefill_tokens as f64 / t.elapsed().as_secs_f64();
     cache.truncate(0);
-    prefill(&mut cache, &tokens[..a.context])?;
-    let mut passes = Vec::new();
-    for &n in &sizes {
-        let input = &tokens[a.context..a.context + n];
-        let mut times = Vec::new();
-        for rep in 0..a.repeats + 1 {
-            let t = Instant::now();
-            model.forward(&mut [engine::model::BatchItem {
-                tokens: input,
-                cache: &mut cache,
-                all_logits: true,
-                parents: &[],
-            }])?;
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            cache.truncate(a.context);
-            if rep > 0 {
-                times.push(ms);
-            }
-        }
-        let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
-        passes.push((n, median(times), fastest));
-    }
-    // Decode: 64 single-token passes, each appending to the cache.
-    let t = Instant::now();
-    let decode_steps = 64;
-    for i in 0..decode_steps {
-        model.forward(&mut [engine::model::BatchItem {
-            tokens: &tokens[a.context + i..a.context + i + 1],
-            cache: &mut cache,
-            all_logits: true,
-            parents: &[],
-        }])?;
-    }
-    let decode_tps = decode_steps as f64 / t.elapsed().as_secs_f64();
+    prefill(model, &mut cache, &tokens[..a.context])?;
+    let passes = time_passes(model, &mut cache, &tokens, a.context, a.repeats)?;
+    let decode_tps = time_decode(model, &mut cache, &tokens, a.context)?;
     // The bound: a streaming read over twice the model's weights (at least 1 GiB, past any cache).
     // A pass reads every weight once and the cache once (for all its rows); its compute is the
     // products' int8 multiply-adds and attention's f32 ones, each at its own peak.
