@@ -134,20 +134,42 @@ impl Metrics {
         *m.entry(status).or_default() += 1;
     }
 
+    /// The Prometheus text of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.render_requests(&mut out);
+        let pc = *lock(&self.prefix_cache);
+        for (name, help, v) in self.counters(&pc) {
+            family(&mut out, name, help, "counter", v);
+        }
+        self.render_by_source(&mut out);
+        for (name, help, v) in self.gauges(&pc) {
+            family(&mut out, name, help, "gauge", v);
+        }
+        self.time_to_first_token.render(
+            "pld_time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            &mut out,
+        );
+        self.time_per_output_token.render(
+            "pld_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per request.",
+            &mut out,
+        );
+        out
+    }
+
+    /// `pld_requests_total`, one sample per status code.
+    fn render_requests(&self, out: &mut String) {
         out.push_str("# HELP pld_requests_total HTTP requests by status code.\n# TYPE pld_requests_total counter\n");
-        for (status, n) in self
-            .requests_by_status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (status, n) in lock(&self.requests_by_status).iter() {
             out.push_str(&format!("pld_requests_total{{status=\"{status}\"}} {n}\n"));
         }
-        let pc = *self.prefix_cache.lock().unwrap_or_else(|e| e.into_inner());
-        let counters = [
+    }
+
+    /// The counters without labels: name, help and value.
+    fn counters(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, u64); 9] {
+        [
             (
                 "pld_prompt_tokens_total",
                 "Prompt tokens processed.",
@@ -193,12 +215,11 @@ impl Metrics {
                 "Blocks of 16 positions evicted from the prefix cache.",
                 pc.stats.evicted_blocks,
             ),
-        ];
-        for (name, help, v) in counters {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-            ));
-        }
+        ]
+    }
+
+    /// The drafted and accepted tokens by draft source, one sample per source.
+    fn render_by_source(&self, out: &mut String) {
         for (name, help, counts) in [
             (
                 "pld_spec_decode_draft_tokens_by_source_total",
@@ -211,24 +232,24 @@ impl Metrics {
                 &self.accepted_by_source,
             ),
         ] {
-            let c = *counts.lock().unwrap_or_else(|e| e.into_inner());
-            out.push_str(&format!(
-                "# HELP {name} {help}
-# TYPE {name} counter
-"
-            ));
+            let c = *lock(counts);
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
             for (source, v) in c.iter() {
                 let source = source.name();
                 out.push_str(&format!("{name}{{source=\"{source}\"}} {v}\n"));
             }
         }
+    }
+
+    /// The gauges: name, help and value.
+    fn gauges(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, f64); 5] {
         let drafts = get(&self.draft_tokens);
         let rate = if drafts > 0 {
             get(&self.accepted_tokens) as f64 / drafts as f64
         } else {
             0.0
         };
-        let gauges = [
+        [
             (
                 "pld_num_requests_running",
                 "Sequences in the running batch.",
@@ -254,22 +275,22 @@ impl Metrics {
                 "The prefix cache's byte budget (0: off).",
                 pc.budget as f64,
             ),
-        ];
-        for (name, help, v) in gauges {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
-            ));
-        }
-        self.time_to_first_token.render(
-            "pld_time_to_first_token_seconds",
-            "Time from arrival to the first generated token.",
-            &mut out,
-        );
-        self.time_per_output_token.render(
-            "pld_time_per_output_token_seconds",
-            "Mean time per generated token after the first, per request.",
-            &mut out,
-        );
-        out
+        ]
     }
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// The value behind a mutex, poisoned or not (the metrics hold plain counts).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One metric without labels: its `# HELP` and `# TYPE` lines and its sample.
+fn family(out: &mut String, name: &str, help: &str, kind: &str, v: impl std::fmt::Display) {
+    out.push_str(&format!(
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+    ));
 }
