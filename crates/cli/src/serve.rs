@@ -48,7 +48,7 @@ pub struct ServeArgs {
           default_value_t = server::DEFAULT_STORED_RESPONSES_BYTES)]
     pub stored_responses_bytes: usize,
     /// Append every request body, with its time, API and tenant, to DIR/requests.jsonl (for
-    /// replaying agent traffic with `pld bench run --replay`).
+    /// replaying agent traffic with `pld bench replay`).
     #[arg(long, value_name = "DIR")]
     pub record_requests: Option<std::path::PathBuf>,
     /// Allow browsers on this origin to call the API (CORS; `*` for any); repeat for several.

@@ -5,6 +5,7 @@ use clap::Subcommand;
 
 pub mod drafting;
 pub mod forward;
+pub mod replay;
 pub mod results;
 pub mod run;
 pub mod serve;
@@ -19,6 +20,9 @@ pub enum BenchCommand {
     Drafting(drafting::DraftingArgs),
     /// Load-test the HTTP server with and without speculation at several concurrency levels.
     Serve(serve::ServeArgs),
+    /// Replay recorded API requests (`pld serve --record-requests`) through the server, plain
+    /// and speculative, or against another server.
+    Replay(replay::ReplayArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -27,5 +31,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Run(a) => run::run(a),
         BenchCommand::Drafting(a) => drafting::run(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Replay(a) => replay::run(a),
     }
 }

@@ -143,8 +143,9 @@ fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-fn server_config(
-    a: &ServeArgs,
+/// The config of a benchmarked server, serving the model as "bench".
+pub(super) fn server_config(
+    prefix_cache_bytes: usize,
     ctx: usize,
     max_seqs: usize,
     s: SpecConfig,
@@ -153,7 +154,7 @@ fn server_config(
         model_names: vec!["bench".into()],
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
-        prefix_cache_bytes: a.prefix_cache.budget(),
+        prefix_cache_bytes,
         max_num_seqs: max_seqs,
         max_queue: 1024,
         max_model_len: ctx,
@@ -168,12 +169,17 @@ fn server_config(
 }
 
 async fn start(app: axum::Router) -> anyhow::Result<String> {
+    Ok(format!("{}/v1/chat/completions", start_server(app).await?))
+}
+
+/// Serves `app` on a free loopback port in this process; its base URL.
+pub(super) async fn start_server(app: axum::Router) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    Ok(format!("http://{addr}/v1/chat/completions"))
+    Ok(format!("http://{addr}"))
 }
 
 /// Conversations started in this process (each gets its own id).
@@ -312,12 +318,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let rows = rt.block_on(async {
         let plain_url = start(server::app(
             lm.clone(),
-            server_config(&a, ctx, max_seqs, plain),
+            server_config(a.prefix_cache.budget(), ctx, max_seqs, plain),
         ))
         .await?;
         let spec_url = start(server::app(
             lm.clone(),
-            server_config(&a, ctx, max_seqs, spec),
+            server_config(a.prefix_cache.budget(), ctx, max_seqs, spec),
         ))
         .await?;
         // Warm-up.

@@ -1,7 +1,7 @@
 //! `--record-requests DIR`: every request body appended to `DIR/requests.jsonl` as it arrives,
 //! one JSON object a line: `{"time": <Unix seconds>, "api": "responses" | "messages" |
 //! "chat.completions" | ..., "tenant": <key index>, "body": <the body as sent>}`. Agent traffic
-//! recorded this way is replayed by `pld bench run --replay`.
+//! recorded this way is replayed by `pld bench replay`.
 
 use crate::tenant::Tenant;
 use serde_json::{json, Value};
