@@ -21,9 +21,11 @@
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
+use crate::config::MatchPolicy;
 use crate::corpus::Corpus;
 use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
 use crate::predictions::PredictionTable;
+use crate::scored::Candidates;
 use crate::spec_config::{SpecConfig, SpecMethod, MAX_TREE_TOP_K};
 use crate::tree::{DraftTree, Source, ROOT};
 use crate::{NgramIndex, MAX_NGRAM};
@@ -48,6 +50,37 @@ const DEPTHS: usize = 8;
 const RATE_DECAY: f64 = 0.98;
 /// Weight of a rate's prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
+
+/// The scored chain over the sequence and a corpus together: the continuations of the longest
+/// suffix n-gram found in either (the sequence's occurrences rank as more recent than the
+/// corpus's when both have it at the same size), drafted into `out`; returns the n-gram's size.
+fn scored_with_corpus(
+    index: &NgramIndex,
+    corpus: &Corpus,
+    k: usize,
+    out: &mut Vec<u32>,
+) -> Option<usize> {
+    out.clear();
+    let params = index.score_params();
+    let mut own = Candidates::new(params.max_occurrences);
+    let own_n = index.scored_candidates(k, &mut own);
+    let tokens = index.tokens();
+    let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
+    let mut theirs = Candidates::new(params.max_occurrences);
+    let their_n = corpus.scored_candidates(suffix, k, &mut theirs);
+    let (n, candidates) = match (own_n, their_n) {
+        (None, None) => return None,
+        (Some(a), Some(b)) if a == b => {
+            own.extend(&theirs);
+            (a, &own)
+        }
+        (Some(a), Some(b)) if a > b => (a, &own),
+        (Some(a), None) => (a, &own),
+        (_, Some(b)) => (b, &theirs),
+    };
+    candidates.best_path(k, &params, out);
+    Some(n)
+}
 
 /// A shared table, even if a holder panicked (the data stays usable: every update is one insert).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -201,9 +234,15 @@ impl Drafter {
         }
     }
 
-    /// Drafts also from `corpus` (method `tree` with the corpus source on).
+    /// Drafts also from `corpus`: method `tree` with the corpus source on, and chains under
+    /// [`MatchPolicy::Scored`] (whose candidates then include the corpus's continuations).
     pub fn set_corpus(&mut self, corpus: SharedCorpus) {
         self.corpus = Some(corpus);
+    }
+
+    /// Changes the settings of [`MatchPolicy::Scored`] (see [`ScoreParams`](crate::ScoreParams)).
+    pub fn set_score_params(&mut self, params: crate::ScoreParams) {
+        self.index.set_score_params(params);
     }
 
     /// Drafts the model source from (and records into) `table`, shared with other sequences of
@@ -291,10 +330,16 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
-        if let Some(m) = self.index.propose(k, &mut self.chain) {
-            self.draft_match = m.n;
+        let found = match (&self.corpus, self.config.match_policy) {
+            (Some(corpus), MatchPolicy::Scored) => {
+                scored_with_corpus(&self.index, &lock(corpus), k, &mut self.chain)
+            }
+            _ => self.index.propose(k, &mut self.chain).map(|m| m.n),
+        };
+        if let Some(n) = found {
+            self.draft_match = n;
             if self.config.adaptive {
-                let keep = self.length.choose_at_price(price, m.n, self.chain.len());
+                let keep = self.length.choose_at_price(price, n, self.chain.len());
                 self.chain.truncate(keep);
             }
         }
@@ -670,6 +715,46 @@ mod tests {
         let t = d.propose(8, None);
         assert_eq!(t.tokens(), [43, 44]);
         assert!(t.sources().iter().all(|&s| s == Source::Corpus));
+    }
+
+    #[test]
+    fn a_scored_chain_draws_on_the_corpus_too() {
+        let chain = |policy| SpecConfig {
+            match_policy: policy,
+            ..config(4, false)
+        };
+        let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
+        // Three earlier documents continue "41 42" with 43 44; the sequence itself once with 50.
+        for _ in 0..3 {
+            corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
+        }
+        let prompt = [41, 42, 50, 9, 41, 42];
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &prompt);
+        assert_eq!(
+            d.propose(8, None).tokens(),
+            [50, 9, 41, 42],
+            "no corpus yet"
+        );
+        d.set_corpus(corpus.clone());
+        d.set_score_params(crate::ScoreParams {
+            decay: 1.0,
+            min_path_probability: 0.5,
+            ..Default::default()
+        });
+        // Same size of match (2) in both: three votes for 43 against one for 50.
+        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
+        // Other policies draft from the sequence only.
+        let mut r = Drafter::new(&chain(MatchPolicy::Recent), &prompt);
+        r.set_corpus(corpus.clone());
+        assert_eq!(r.propose(8, None).tokens(), [50, 9, 41, 42]);
+        // A longer match in the sequence outranks the corpus's shorter one.
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[7, 41, 42, 60, 7, 41, 42]);
+        d.set_corpus(corpus.clone());
+        assert_eq!(d.propose(8, None).tokens(), [60, 7, 41, 42]);
+        // And a match found only in the corpus still drafts.
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[1, 2, 41, 42]);
+        d.set_corpus(corpus);
+        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
     }
 
     #[test]
