@@ -237,8 +237,8 @@ fn print_sweep(set: &TraceSet, results: &mut Vec<Value>) {
     println!("|---:|---:|---:|---:|---:|---:|");
     for (k, min_n, max_n) in SETTINGS {
         let c = config(MatchPolicy::Scored, k, min_n, max_n);
-        for decay in [1.0, 0.95, 0.9, 0.8, 0.6, 0.4] {
-            for min_p in [0.0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5] {
+        for decay in [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4] {
+            for min_p in [0.0, 0.2, 0.3, 0.4, 0.5, 0.6] {
                 let params = ScoreParams {
                     decay,
                     min_path_probability: min_p,

@@ -21,8 +21,9 @@ pub enum MatchPolicy {
     LongestContinuation,
     /// The continuation the earlier occurrences agree on: up to
     /// [`ScoreParams::max_occurrences`](crate::ScoreParams) of the most recent occurrences are
-    /// grouped by the tokens that followed them, each weighted by its recency, and the draft
-    /// follows the heaviest branch while the estimated probability of the whole path stays above
+    /// grouped by the tokens that followed them, each weighted by its rank (the copy in
+    /// progress first, then by recency), and the draft follows the heaviest branch while the
+    /// estimated probability of the whole path stays above
     /// [`ScoreParams::min_path_probability`](crate::ScoreParams). With a single occurrence it
     /// drafts what `Recent` and `Earliest` draft (they pick that same occurrence).
     Scored,

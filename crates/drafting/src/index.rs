@@ -221,6 +221,22 @@ impl NgramIndex {
     /// followed that occurrence, up to `k` of them and up to the end of the
     /// sequence. With `k == 0` a match is still reported, with `len == 0`.
     pub fn propose(&self, k: usize, out: &mut Vec<u32>) -> Option<Match> {
+        self.propose_from(k, None, out)
+    }
+
+    /// [`propose`](Self::propose) with a cursor: the position in the sequence where the copy it
+    /// has been following stands (the [`Drafter`](crate::Drafter) tracks it: where the source of
+    /// its last chain continues, or stopped agreeing with what was emitted; 0 before any).
+    /// Under [`MatchPolicy::Scored`] the occurrence of the matched suffix n-gram whose
+    /// continuation starts at the cursor ranks first, whether or not it is among the most recent
+    /// occurrences; failing that, the examined occurrence whose continuation starts nearest after
+    /// the cursor does. The other policies ignore the cursor.
+    pub fn propose_from(
+        &self,
+        k: usize,
+        cursor: Option<usize>,
+        out: &mut Vec<u32>,
+    ) -> Option<Match> {
         out.clear();
         let tokens = &self.tokens;
         let len = tokens.len();
@@ -232,7 +248,7 @@ impl NgramIndex {
         }
 
         if self.config.policy == MatchPolicy::Scored {
-            return self.propose_scored(k, out);
+            return self.propose_scored(k, cursor, out);
         }
         let keys = suffix_keys(tokens, max_n);
 
@@ -254,9 +270,9 @@ impl NgramIndex {
     }
 
     /// [`propose`](Self::propose) under [`MatchPolicy::Scored`].
-    fn propose_scored(&self, k: usize, out: &mut Vec<u32>) -> Option<Match> {
+    fn propose_scored(&self, k: usize, cursor: Option<usize>, out: &mut Vec<u32>) -> Option<Match> {
         let mut candidates = Candidates::new(self.score.max_occurrences);
-        let n = self.scored_candidates(k, &mut candidates)?;
+        let n = self.scored_candidates(k, cursor, &mut candidates)?;
         let best = candidates.best_path(k, &self.score, out);
         Some(Match {
             n,
@@ -268,10 +284,12 @@ impl NgramIndex {
     /// Adds to `candidates` the continuations (up to `k` tokens each, up to the end of the
     /// sequence) of the most recent earlier occurrences of the longest suffix n-gram that has
     /// any, most recent first, until `candidates` is full; returns that n-gram's size, or `None`
-    /// (nothing added) when no suffix n-gram in range occurred before.
+    /// (nothing added) when no suffix n-gram in range occurred before. With a `cursor`, the one
+    /// continuing nearest at or after it comes first (see [`propose_from`](Self::propose_from)).
     pub(crate) fn scored_candidates<'a>(
         &'a self,
         k: usize,
+        cursor: Option<usize>,
         candidates: &mut Candidates<'a>,
     ) -> Option<usize> {
         let tokens = &self.tokens;
@@ -290,15 +308,30 @@ impl NgramIndex {
                 continue;
             };
             let suffix = &tokens[len - n..];
+            // The occurrence continuing at the cursor is checked directly, wherever it is.
+            let exact =
+                cursor.filter(|&from| from >= n && from < len && &tokens[from - n..from] == suffix);
+            if let Some(from) = exact {
+                candidates.push(&tokens[from..(from + k).min(len)], from - n);
+            }
             let mut end = slot.recent;
             while end != NONE && !candidates.is_full() {
                 let e = end as usize;
                 // A different n-gram with the same key (a hash collision) is skipped.
-                if &tokens[e + 1 - n..=e] == suffix {
+                if &tokens[e + 1 - n..=e] == suffix && Some(e + 1) != exact {
                     let from = e + 1;
                     candidates.push(&tokens[from..(from + k).min(len)], e + 1 - n);
                 }
                 end = level.prev[e];
+            }
+            if let (None, Some(c)) = (exact, cursor) {
+                // Otherwise the examined occurrence continuing nearest at or after the cursor.
+                let nearest = (before..candidates.len())
+                    .filter(|&i| candidates.start(i) + n >= c)
+                    .min_by_key(|&i| candidates.start(i));
+                if let Some(i) = nearest {
+                    candidates.promote(before, i);
+                }
             }
             if candidates.len() > before {
                 return Some(n);

@@ -438,3 +438,52 @@ fn scored_rewinds_with_the_index() {
     });
     assert_eq!(index.score_params().max_occurrences, 1);
 }
+
+#[test]
+fn scored_cursor_ranks_the_copy_in_progress_first() {
+    //          0  1  2  3  4  5  6  7  8  9
+    let seq = [3, 1, 4, 8, 3, 1, 5, 9, 3, 1];
+    // "3 1" went on with 4 (from 2) and with 5 (from 6): an even split, the latest wins.
+    let mut index = NgramIndex::with_tokens(config(1, 3, MatchPolicy::Scored), &seq);
+    index.set_score_params(params(1.0, 0.0));
+    let at = |index: &NgramIndex, cursor| {
+        let mut out = Vec::new();
+        let m = index.propose_from(2, cursor, &mut out).unwrap();
+        (m.start, out)
+    };
+    assert_eq!(at(&index, None), (4, vec![5, 9]));
+    assert_eq!(
+        at(&index, Some(2)),
+        (0, vec![4, 8]),
+        "the copy continues at 2"
+    );
+    assert_eq!(at(&index, Some(1)), (0, vec![4, 8]), "nearest after 1");
+    assert_eq!(at(&index, Some(3)), (4, vec![5, 9]), "nearest after 3");
+    assert_eq!(
+        at(&index, Some(7)),
+        (4, vec![5, 9]),
+        "none after 7: recency decides"
+    );
+    assert_eq!(at(&index, Some(100)), (4, vec![5, 9]));
+    // Other policies ignore the cursor.
+    index.set_policy(MatchPolicy::Recent);
+    assert_eq!(at(&index, Some(2)), (4, vec![5, 9]));
+}
+
+#[test]
+fn scored_cursor_reaches_past_the_examined_occurrences() {
+    // "8" went on with 1 first, then with 2 four times.
+    let seq = [8, 1, 8, 2, 8, 2, 8, 2, 8, 2, 8];
+    let mut index = NgramIndex::with_tokens(config(1, 1, MatchPolicy::Scored), &seq);
+    index.set_score_params(ScoreParams {
+        max_occurrences: 2,
+        decay: 0.4,
+        min_path_probability: 0.0,
+    });
+    let mut out = Vec::new();
+    assert_eq!(index.propose_from(1, None, &mut out).unwrap().start, 8);
+    assert_eq!(out, [2]);
+    // The occurrence at 0 is not among the two most recent, but the cursor points at it.
+    assert_eq!(index.propose_from(1, Some(1), &mut out).unwrap().start, 0);
+    assert_eq!(out, [1]);
+}

@@ -34,20 +34,32 @@ fn occurrences(tokens: &[u32], min_n: usize, max_n: usize) -> Option<(usize, Vec
 /// from the root to the heaviest child while the product of the children's shares stays at or
 /// above the threshold. Returns the n-gram size, the start of the most recent occurrence that
 /// continues with the whole draft, and the draft.
+///
+/// With a `cursor`, the occurrence whose continuation starts at the cursor is examined first
+/// (with the `max_occurrences - 1` most recent others), or, if there is none, the examined
+/// occurrence whose continuation starts nearest at or after the cursor is moved first.
 fn expected_scored(
     tokens: &[u32],
     min_n: usize,
     max_n: usize,
     k: usize,
     params: &ScoreParams,
+    cursor: Option<usize>,
 ) -> Option<(usize, usize, Vec<u32>)> {
     let (n, starts) = occurrences(tokens, min_n, max_n)?;
-    let newest_first: Vec<usize> = starts
-        .iter()
-        .rev()
+    let exact = cursor.and_then(|c| starts.iter().copied().find(|&s| s + n == c));
+    let mut newest_first: Vec<usize> = exact
+        .into_iter()
+        .chain(starts.iter().rev().copied().filter(|&s| Some(s) != exact))
         .take(params.max_occurrences)
-        .copied()
         .collect();
+    if let (None, Some(c)) = (exact, cursor) {
+        let nearest = newest_first.iter().copied().filter(|&s| s + n >= c).min();
+        if let Some(s) = nearest {
+            newest_first.retain(|&x| x != s);
+            newest_first.insert(0, s);
+        }
+    }
     let continuations: Vec<&[u32]> = newest_first
         .iter()
         .map(|&s| &tokens[s + n..(s + n + k).min(tokens.len())])
@@ -100,9 +112,10 @@ fn expected(
     k: usize,
     policy: MatchPolicy,
     params: &ScoreParams,
+    cursor: Option<usize>,
 ) -> Option<(Match, Vec<u32>)> {
     if policy == MatchPolicy::Scored {
-        let (n, start, draft) = expected_scored(tokens, min_n, max_n, k, params)?;
+        let (n, start, draft) = expected_scored(tokens, min_n, max_n, k, params, cursor)?;
         let m = Match {
             n,
             start,
@@ -139,10 +152,15 @@ fn expected(
 
 /// Checks one proposal of `index` against the brute force, and the scan.
 fn check(index: &NgramIndex, k: usize) -> Result<(), TestCaseError> {
+    check_from(index, k, None)
+}
+
+/// [`check`] for a proposal with a cursor (which only the scored policy heeds).
+fn check_from(index: &NgramIndex, k: usize, cursor: Option<usize>) -> Result<(), TestCaseError> {
     let cfg = index.config();
     let tokens = index.tokens();
     let mut out = vec![123];
-    let got = index.propose(k, &mut out);
+    let got = index.propose_from(k, cursor, &mut out);
     let want = expected(
         tokens,
         cfg.min_n,
@@ -150,6 +168,7 @@ fn check(index: &NgramIndex, k: usize) -> Result<(), TestCaseError> {
         k,
         cfg.policy,
         &index.score_params(),
+        cursor.filter(|_| cfg.policy == MatchPolicy::Scored),
     );
     match (&got, &want) {
         (None, None) => prop_assert!(out.is_empty()),
@@ -376,14 +395,39 @@ proptest! {
         }
     }
 
+    /// Proposals with a cursor, anywhere in or past the sequence, against the brute force (the
+    /// other policies must ignore it).
+    #[test]
+    fn proposals_with_a_cursor_match_brute_force(
+        tokens in prop_oneof![sequence(80), copied_once()],
+        (min_n, max_n) in sizes(),
+        k in 0usize..12,
+        policy in policy(),
+        params in score_params(),
+        cursors in prop::collection::vec(0usize..90, 1..6),
+    ) {
+        let cfg = NgramConfig::new(min_n, max_n).unwrap().with_policy(policy);
+        let mut index = NgramIndex::with_tokens(cfg, &tokens);
+        index.set_score_params(params);
+        for c in cursors {
+            check_from(&index, k, Some(c))?;
+            if policy != MatchPolicy::Scored {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                prop_assert_eq!(index.propose_from(k, Some(c), &mut a), index.propose(k, &mut b));
+                prop_assert_eq!(a, b);
+            }
+        }
+    }
+
     /// Where the longest matching suffix n-gram occurred once before, the scored policy drafts
-    /// exactly what the recent and earliest policies draft, whatever its settings.
+    /// exactly what the recent and earliest policies draft, whatever its settings and cursor.
     #[test]
     fn one_occurrence_scores_like_recent_and_earliest(
         tokens in prop_oneof![sequence(80), copied_once()],
         (min_n, max_n) in sizes(),
         k in 0usize..12,
         params in score_params(),
+        cursor in prop::option::of(0usize..90),
     ) {
         let Some((_, starts)) = occurrences(&tokens, min_n, max_n) else {
             return Ok(());
@@ -394,7 +438,7 @@ proptest! {
             let mut index = NgramIndex::with_tokens(cfg, &tokens);
             index.set_score_params(params);
             let mut out = Vec::new();
-            let m = index.propose(k, &mut out);
+            let m = index.propose_from(k, cursor, &mut out);
             (m, out)
         };
         let scored = propose(MatchPolicy::Scored);
