@@ -11,10 +11,10 @@
 //! also occurs earlier (with at least one token after it) is looked up,
 //! trying `max_n` first; the tokens after the occurrence picked by the
 //! [`MatchPolicy`], up to `k` of them and up to the end of the sequence, are
-//! the draft. [`MatchPolicy::Scored`] reads all the (most recent, at most 64)
-//! occurrences instead: the draft follows the continuation they agree on,
-//! weighted by recency, and stops where they stop agreeing (see
-//! [`ScoreParams`]).
+//! the draft. [`MatchPolicy::Scored`] reads many occurrences instead (the 32
+//! most recent by default): the draft follows the continuation they agree on,
+//! the copy in progress first and then by recency, and stops where they stop
+//! agreeing (see [`ScoreParams`]).
 //!
 //! A [`Drafter`] is one sequence's drafting policy: the index, the draft-length controller
 //! ([`DraftLength`], which sends only drafts expected to pay for their rows at the current
