@@ -119,6 +119,7 @@ pub(crate) struct Candidates<'a> {
 
 impl<'a> Candidates<'a> {
     /// An empty list that takes at most `cap` candidates (clamped to `1..=64`).
+    #[inline(always)]
     pub(crate) fn new(cap: usize) -> Self {
         Candidates {
             runs: [&[]; MAX_SCORED_OCCURRENCES],
@@ -170,6 +171,13 @@ impl<'a> Candidates<'a> {
     /// least one candidate.
     pub(crate) fn best_path(&self, k: usize, params: &ScoreParams, out: &mut Vec<u32>) -> usize {
         debug_assert!(self.len > 0, "a path needs a candidate");
+        if self.len == 1 {
+            // Every share is 1 (and a threshold is at most 1): the whole run, as the loop below
+            // would find it, without its tables. The usual case where a long n-gram matched.
+            let run = self.runs[0];
+            out.extend_from_slice(&run[..k.min(run.len())]);
+            return 0;
+        }
         let mut weights = [0u64; MAX_SCORED_OCCURRENCES];
         for (rank, w) in weights[..self.len].iter_mut().enumerate() {
             *w = params.weight(rank);
