@@ -1,5 +1,7 @@
 //! One proposal at several context lengths: the incremental index against
-//! the backwards scan it replaces.
+//! the backwards scan it replaces, and the index under each match policy.
+//! (`examples/replay.rs --scaling` times whole batches on text where common
+//! tokens recur, the scored policy's costly case.)
 //!
 //! Contexts are random tokens from a 32k vocabulary with spans of earlier
 //! text copied in (as when a model quotes its prompt). In the `hit` case the
@@ -12,7 +14,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use drafting::{propose_by_scan, NgramConfig, NgramIndex};
+use drafting::{propose_by_scan, MatchPolicy, NgramConfig, NgramIndex};
 
 const VOCAB: u32 = 32_000;
 const MIN_N: usize = 1;
@@ -91,6 +93,18 @@ fn bench_propose(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new("index", case), |b| {
                 b.iter(|| black_box(index.propose(black_box(K), &mut out)))
             });
+            // The other policies over the same index (`index` above is `recent`).
+            for policy in [
+                MatchPolicy::Earliest,
+                MatchPolicy::LongestContinuation,
+                MatchPolicy::Scored,
+            ] {
+                let mut other = index.clone();
+                other.set_policy(policy);
+                group.bench_function(BenchmarkId::new(format!("index-{policy}"), case), |b| {
+                    b.iter(|| black_box(other.propose(black_box(K), &mut out)))
+                });
+            }
             group.bench_function(BenchmarkId::new("scan", case), |b| {
                 b.iter(|| {
                     black_box(propose_by_scan(

@@ -19,14 +19,23 @@ pub enum MatchPolicy {
     /// supply more continuation tokens (counting at most `k`); a tie goes to
     /// the most recent.
     LongestContinuation,
+    /// The continuation the earlier occurrences agree on: up to
+    /// [`ScoreParams::max_occurrences`](crate::ScoreParams) of the most recent occurrences are
+    /// grouped by the tokens that followed them, each weighted by its rank (the copy in
+    /// progress first, then by recency), and the draft follows the heaviest branch while the
+    /// estimated probability of the whole path stays above
+    /// [`ScoreParams::min_path_probability`](crate::ScoreParams). With a single occurrence it
+    /// drafts what `Recent` and `Earliest` draft (they pick that same occurrence).
+    Scored,
 }
 
 impl MatchPolicy {
     /// Every policy, in declaration order.
-    pub const ALL: [MatchPolicy; 3] = [
+    pub const ALL: [MatchPolicy; 4] = [
         MatchPolicy::Recent,
         MatchPolicy::Earliest,
         MatchPolicy::LongestContinuation,
+        MatchPolicy::Scored,
     ];
 
     /// The name accepted by [`FromStr`] and printed by [`Display`](fmt::Display).
@@ -35,6 +44,7 @@ impl MatchPolicy {
             MatchPolicy::Recent => "recent",
             MatchPolicy::Earliest => "earliest",
             MatchPolicy::LongestContinuation => "longest",
+            MatchPolicy::Scored => "scored",
         }
     }
 }
@@ -62,7 +72,7 @@ impl fmt::Display for ParsePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown match policy {:?}; valid policies are: recent, earliest, longest",
+            "unknown match policy {:?}; valid policies are: recent, earliest, longest, scored",
             self.input
         )
     }
@@ -73,7 +83,7 @@ impl std::error::Error for ParsePolicyError {}
 impl FromStr for MatchPolicy {
     type Err = ParsePolicyError;
 
-    /// Parses `recent`, `earliest` or `longest` (ASCII case is ignored, and
+    /// Parses `recent`, `earliest`, `longest` or `scored` (ASCII case is ignored, and
     /// surrounding whitespace is trimmed).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let trimmed = s.trim();
@@ -185,6 +195,7 @@ mod tests {
             assert_eq!(p.to_string().parse::<MatchPolicy>(), Ok(p));
         }
         assert_eq!(" Longest ".parse(), Ok(MatchPolicy::LongestContinuation));
+        assert_eq!("SCORED".parse(), Ok(MatchPolicy::Scored));
         assert_eq!(MatchPolicy::default(), MatchPolicy::Recent);
     }
 

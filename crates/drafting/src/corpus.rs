@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 
 use crate::config::NgramConfig;
+use crate::scored::Candidates;
 use crate::NgramIndex;
 
 /// Default most tokens a corpus holds.
@@ -105,6 +106,39 @@ impl Corpus {
                 .unwrap_or(run.len())];
             run.is_empty() || f(n, run)
         });
+    }
+}
+
+impl Corpus {
+    /// Adds to `candidates` the continuations (up to `k` tokens, never crossing into another
+    /// document) of the most recent occurrences of the longest n-gram ending `suffix` that has a
+    /// continuation in the corpus, until `candidates` is full; returns that n-gram's size, or
+    /// `None` (nothing added). The [`Scored`](crate::MatchPolicy::Scored) chain's corpus source.
+    pub(crate) fn scored_candidates<'a>(
+        &'a self,
+        suffix: &[u32],
+        k: usize,
+        candidates: &mut Candidates<'a>,
+    ) -> Option<usize> {
+        let tokens = self.index.tokens();
+        let mut found = None;
+        self.index
+            .for_each_occurrence_of(suffix, usize::MAX, |n, from| {
+                if found.is_some_and(|m| m != n) || candidates.is_full() {
+                    return false; // only the longest size with a continuation
+                }
+                let run = &tokens[from..(from + k).min(tokens.len())];
+                let run = &run[..run
+                    .iter()
+                    .position(|&t| t == SEPARATOR)
+                    .unwrap_or(run.len())];
+                if !run.is_empty() {
+                    found = Some(n);
+                    candidates.push(run, from - n);
+                }
+                true
+            });
+        found
     }
 }
 

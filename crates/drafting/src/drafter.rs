@@ -21,9 +21,11 @@
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
+use crate::config::MatchPolicy;
 use crate::corpus::Corpus;
 use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
 use crate::predictions::PredictionTable;
+use crate::scored::Candidates;
 use crate::spec_config::{SpecConfig, SpecMethod, MAX_TREE_TOP_K};
 use crate::tree::{DraftTree, Source, ROOT};
 use crate::{NgramIndex, MAX_NGRAM};
@@ -48,6 +50,41 @@ const DEPTHS: usize = 8;
 const RATE_DECAY: f64 = 0.98;
 /// Weight of a rate's prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
+
+/// The scored chain over the sequence and a corpus together: the continuations of the longest
+/// suffix n-gram found in either (the sequence's occurrences rank as more recent than the
+/// corpus's when both have it at the same size), drafted into `out`. Returns the n-gram's size
+/// and, when the draft copies an occurrence in the sequence, where its continuation starts.
+fn scored_with_corpus(
+    index: &NgramIndex,
+    cursor: Option<usize>,
+    corpus: &Corpus,
+    k: usize,
+    out: &mut Vec<u32>,
+) -> Option<(usize, Option<usize>)> {
+    out.clear();
+    let params = index.score_params();
+    let mut own = Candidates::new(params.max_occurrences);
+    let own_n = index.scored_candidates(k, cursor, &mut own);
+    let tokens = index.tokens();
+    let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
+    let mut theirs = Candidates::new(params.max_occurrences);
+    let their_n = corpus.scored_candidates(suffix, k, &mut theirs);
+    // The candidates drafted from, and how many of them (the first) are the sequence's.
+    let (n, candidates, in_sequence) = match (own_n, their_n) {
+        (None, None) => return None,
+        (Some(a), Some(b)) if a == b => {
+            let mine = own.len();
+            own.extend(&theirs);
+            (a, &own, mine)
+        }
+        (Some(a), Some(b)) if a > b => (a, &own, own.len()),
+        (Some(a), None) => (a, &own, own.len()),
+        (_, Some(b)) => (b, &theirs, 0),
+    };
+    let best = candidates.best_path(k, &params, out);
+    Some((n, (best < in_sequence).then(|| candidates.start(best) + n)))
+}
 
 /// A shared table, even if a holder panicked (the data stays usable: every update is one insert).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -158,6 +195,9 @@ pub struct Drafter {
     chain: Vec<u32>,
     /// Size of the n-gram match behind a chain draft.
     draft_match: usize,
+    /// The sequence's length when the last chain was proposed, and where in the sequence the
+    /// continuation it copied starts (see [`cursor`](Self::cursor)).
+    source: Option<(usize, usize)>,
     /// Per node of a tree draft: its class for the estimates.
     classes: Vec<u8>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
@@ -189,6 +229,7 @@ impl Drafter {
             tree: DraftTree::new(),
             chain: Vec::with_capacity(config.num_speculative_tokens),
             draft_match: 0,
+            source: None,
             classes: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             corpus: None,
@@ -201,9 +242,15 @@ impl Drafter {
         }
     }
 
-    /// Drafts also from `corpus` (method `tree` with the corpus source on).
+    /// Drafts also from `corpus`: method `tree` with the corpus source on, and chains under
+    /// [`MatchPolicy::Scored`] (whose candidates then include the corpus's continuations).
     pub fn set_corpus(&mut self, corpus: SharedCorpus) {
         self.corpus = Some(corpus);
+    }
+
+    /// Changes the settings of [`MatchPolicy::Scored`] (see [`ScoreParams`](crate::ScoreParams)).
+    pub fn set_score_params(&mut self, params: crate::ScoreParams) {
+        self.index.set_score_params(params);
     }
 
     /// Drafts the model source from (and records into) `table`, shared with other sequences of
@@ -291,10 +338,25 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
-        if let Some(m) = self.index.propose(k, &mut self.chain) {
-            self.draft_match = m.n;
+        let scored = self.config.match_policy == MatchPolicy::Scored;
+        let cursor = scored.then(|| self.cursor());
+        let found = match (&self.corpus, scored) {
+            (Some(corpus), true) => {
+                scored_with_corpus(&self.index, cursor, &lock(corpus), k, &mut self.chain)
+            }
+            _ => self
+                .index
+                .propose_from(k, cursor, &mut self.chain)
+                .map(|m| (m.n, Some(m.start + m.n))),
+        };
+        if let Some((_, Some(from))) = found {
+            self.source = Some((self.index.len(), from));
+        }
+        let found = found.map(|(n, _)| n);
+        if let Some(n) = found {
+            self.draft_match = n;
             if self.config.adaptive {
-                let keep = self.length.choose_at_price(price, m.n, self.chain.len());
+                let keep = self.length.choose_at_price(price, n, self.chain.len());
                 self.chain.truncate(keep);
             }
         }
@@ -451,6 +513,26 @@ impl Drafter {
                 self.classes.push(c.class);
                 self.tree.push(c.token, ROOT, c.source);
             }
+        }
+    }
+
+    /// The cursor of a scored chain (see [`NgramIndex::propose_from`]): the last chain drafted
+    /// from the sequence copied the continuation at `from` when the sequence had `then` tokens;
+    /// the tokens emitted since agree with that continuation for some count `m`, so the copy
+    /// stands at `from + m` (steps without a match, or drafted from the corpus, leave it there).
+    /// Before any such chain, or after a rewind past it, the start of the sequence.
+    fn cursor(&self) -> usize {
+        let tokens = self.index.tokens();
+        match self.source {
+            Some((then, from)) if then <= tokens.len() && from <= tokens.len() => {
+                let agree = tokens[then..]
+                    .iter()
+                    .zip(&tokens[from..])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                from + agree
+            }
+            _ => 0,
         }
     }
 
@@ -670,6 +752,89 @@ mod tests {
         let t = d.propose(8, None);
         assert_eq!(t.tokens(), [43, 44]);
         assert!(t.sources().iter().all(|&s| s == Source::Corpus));
+    }
+
+    #[test]
+    fn a_scored_chain_draws_on_the_corpus_too() {
+        let chain = |policy| SpecConfig {
+            match_policy: policy,
+            ..config(4, false)
+        };
+        let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
+        // Three earlier documents continue "41 42" with 43 44; the sequence itself once with 50.
+        for _ in 0..3 {
+            corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
+        }
+        let prompt = [41, 42, 50, 9, 41, 42];
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &prompt);
+        assert_eq!(
+            d.propose(8, None).tokens(),
+            [50, 9, 41, 42],
+            "no corpus yet"
+        );
+        d.set_corpus(corpus.clone());
+        d.set_score_params(crate::ScoreParams {
+            decay: 1.0,
+            min_path_probability: 0.5,
+            ..Default::default()
+        });
+        // Same size of match (2) in both: three votes for 43 against one for 50.
+        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
+        // Other policies draft from the sequence only.
+        let mut r = Drafter::new(&chain(MatchPolicy::Recent), &prompt);
+        r.set_corpus(corpus.clone());
+        assert_eq!(r.propose(8, None).tokens(), [50, 9, 41, 42]);
+        // A longer match in the sequence outranks the corpus's shorter one.
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[7, 41, 42, 60, 7, 41, 42]);
+        d.set_corpus(corpus.clone());
+        assert_eq!(d.propose(8, None).tokens(), [60, 7, 41, 42]);
+        // And a match found only in the corpus still drafts.
+        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[1, 2, 41, 42]);
+        d.set_corpus(corpus);
+        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
+    }
+
+    #[test]
+    fn a_scored_chain_keeps_its_place_in_a_copy() {
+        // The output copies the prompt but puts a 7 before every 1: after "7 1" only the 1 is
+        // matched, and it occurred three times. The copy's place says which one comes next.
+        let prompt = [10, 1, 20, 11, 1, 21, 12, 1, 22, 99];
+        let output = [10, 7, 1, 20, 11, 7, 1, 21, 12, 7, 1, 22];
+        let run = |policy| {
+            let c = SpecConfig {
+                match_policy: policy,
+                ..config(4, false)
+            };
+            let mut d = Drafter::new(&c, &prompt);
+            let (mut accepted, mut pos) = (0, 0);
+            while pos < output.len() {
+                let draft = d.propose(4, None).tokens().to_vec();
+                let a = draft
+                    .iter()
+                    .zip(&output[pos..])
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                d.observe(&(0..a).collect::<Vec<_>>());
+                let emitted = (a + 1).min(output.len() - pos);
+                for &t in &output[pos..pos + emitted] {
+                    d.push(t);
+                }
+                accepted += a;
+                pos += emitted;
+            }
+            accepted
+        };
+        let (scored, recent, earliest) = (
+            run(MatchPolicy::Scored),
+            run(MatchPolicy::Recent),
+            run(MatchPolicy::Earliest),
+        );
+        // (5, 4 and 5 tokens.) After "10 7 1" the scored chain drafts from the prompt's first 1,
+        // where the copy stands, and keeps 20 11; the recent policy drafts from its last 1.
+        assert!(
+            scored > recent && scored >= earliest,
+            "{scored} {recent} {earliest}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::config::{MatchPolicy, NgramConfig, MAX_NGRAM};
 use crate::hash::{fold, BuildKeyHasher, SEED};
+use crate::scored::{Candidates, ScoreParams};
 use crate::Match;
 
 /// Marks "no position" in the `u32` position arrays.
@@ -16,6 +17,19 @@ const NONE: u32 = u32::MAX;
 #[inline]
 fn indexed_ends(len: usize) -> usize {
     len.saturating_sub(1).min(NONE as usize)
+}
+
+/// `keys[n]`: the key of the n-gram that ends `suffix`, for n = 1..=`max_n` (`max_n` at most
+/// the length of `suffix` and [`MAX_NGRAM`]).
+#[inline]
+fn suffix_keys(suffix: &[u32], max_n: usize) -> [u64; MAX_NGRAM + 1] {
+    let mut keys = [0u64; MAX_NGRAM + 1];
+    let mut state = SEED;
+    for (n, &t) in (1..=max_n).zip(suffix.iter().rev()) {
+        state = fold(state, t);
+        keys[n] = state;
+    }
+    keys
 }
 
 /// First and most recent indexed end position of one n-gram key.
@@ -64,6 +78,8 @@ impl Level {
 #[derive(Clone)]
 pub struct NgramIndex {
     config: NgramConfig,
+    /// Settings of [`MatchPolicy::Scored`] (sanitized).
+    score: ScoreParams,
     tokens: Vec<u32>,
     /// `levels[i]` holds the n-grams of size `config.min_n + i`.
     levels: Vec<Level>,
@@ -95,6 +111,7 @@ impl NgramIndex {
         let sizes = (config.max_n + 1).saturating_sub(config.min_n);
         NgramIndex {
             config,
+            score: ScoreParams::default(),
             tokens: Vec::new(),
             levels: (0..sizes).map(|_| Level::new()).collect(),
         }
@@ -115,6 +132,17 @@ impl NgramIndex {
     /// Changes the match policy; the stored occurrences serve every policy.
     pub fn set_policy(&mut self, policy: MatchPolicy) {
         self.config.policy = policy;
+    }
+
+    /// The settings of [`MatchPolicy::Scored`].
+    pub fn score_params(&self) -> ScoreParams {
+        self.score
+    }
+
+    /// Changes the settings of [`MatchPolicy::Scored`] (brought into range by
+    /// [`ScoreParams::sanitized`]).
+    pub fn set_score_params(&mut self, params: ScoreParams) {
+        self.score = params.sanitized();
     }
 
     /// The whole sequence.
@@ -193,6 +221,22 @@ impl NgramIndex {
     /// followed that occurrence, up to `k` of them and up to the end of the
     /// sequence. With `k == 0` a match is still reported, with `len == 0`.
     pub fn propose(&self, k: usize, out: &mut Vec<u32>) -> Option<Match> {
+        self.propose_from(k, None, out)
+    }
+
+    /// [`propose`](Self::propose) with a cursor: the position in the sequence where the copy it
+    /// has been following stands (the [`Drafter`](crate::Drafter) tracks it: where the source of
+    /// its last chain continues, or stopped agreeing with what was emitted; 0 before any).
+    /// Under [`MatchPolicy::Scored`] the occurrence of the matched suffix n-gram whose
+    /// continuation starts at the cursor ranks first, whether or not it is among the most recent
+    /// occurrences; failing that, the examined occurrence whose continuation starts nearest after
+    /// the cursor does. The other policies ignore the cursor.
+    pub fn propose_from(
+        &self,
+        k: usize,
+        cursor: Option<usize>,
+        out: &mut Vec<u32>,
+    ) -> Option<Match> {
         out.clear();
         let tokens = &self.tokens;
         let len = tokens.len();
@@ -203,13 +247,10 @@ impl NgramIndex {
             return None;
         }
 
-        // Keys of the suffix n-grams, n = 1..=max_n, folded from the end.
-        let mut keys = [0u64; MAX_NGRAM + 1];
-        let mut state = SEED;
-        for (n, &t) in (1..=max_n).zip(tokens.iter().rev()) {
-            state = fold(state, t);
-            keys[n] = state;
+        if self.config.policy == MatchPolicy::Scored {
+            return self.propose_scored(k, cursor, out);
         }
+        let keys = suffix_keys(tokens, max_n);
 
         let suffix_end = len - 1;
         for n in (min_n..=max_n).rev() {
@@ -224,6 +265,77 @@ impl NgramIndex {
                 continue;
             }
             return Some(crate::copy_continuation(tokens, start, n, k, out));
+        }
+        None
+    }
+
+    /// [`propose`](Self::propose) under [`MatchPolicy::Scored`].
+    fn propose_scored(&self, k: usize, cursor: Option<usize>, out: &mut Vec<u32>) -> Option<Match> {
+        let mut candidates = Candidates::new(self.score.max_occurrences);
+        let n = self.scored_candidates(k, cursor, &mut candidates)?;
+        let best = candidates.best_path(k, &self.score, out);
+        Some(Match {
+            n,
+            start: candidates.start(best),
+            len: out.len(),
+        })
+    }
+
+    /// Adds to `candidates` the continuations (up to `k` tokens each, up to the end of the
+    /// sequence) of the most recent earlier occurrences of the longest suffix n-gram that has
+    /// any, most recent first, until `candidates` is full; returns that n-gram's size, or `None`
+    /// (nothing added) when no suffix n-gram in range occurred before. With a `cursor`, the one
+    /// continuing nearest at or after it comes first (see [`propose_from`](Self::propose_from)).
+    pub(crate) fn scored_candidates<'a>(
+        &'a self,
+        k: usize,
+        cursor: Option<usize>,
+        candidates: &mut Candidates<'a>,
+    ) -> Option<usize> {
+        let tokens = &self.tokens;
+        let len = tokens.len();
+        let min_n = self.config.min_n;
+        // An earlier occurrence ends at or before len - 2, so n <= len - 1.
+        let max_n = self.config.max_n.min(len.saturating_sub(1));
+        if self.levels.is_empty() || max_n < min_n {
+            return None;
+        }
+        let keys = suffix_keys(tokens, max_n);
+        let before = candidates.len();
+        for n in (min_n..=max_n).rev() {
+            let level = &self.levels[n - min_n];
+            let Some(slot) = level.slots.get(&keys[n]) else {
+                continue;
+            };
+            let suffix = &tokens[len - n..];
+            // The occurrence continuing at the cursor is checked directly, wherever it is.
+            let exact =
+                cursor.filter(|&from| from >= n && from < len && &tokens[from - n..from] == suffix);
+            if let Some(from) = exact {
+                candidates.push(&tokens[from..(from + k).min(len)], from - n);
+            }
+            let mut end = slot.recent;
+            while end != NONE && !candidates.is_full() {
+                let e = end as usize;
+                // A different n-gram with the same key (a hash collision) is skipped.
+                if &tokens[e + 1 - n..=e] == suffix && Some(e + 1) != exact {
+                    let from = e + 1;
+                    candidates.push(&tokens[from..(from + k).min(len)], e + 1 - n);
+                }
+                end = level.prev[e];
+            }
+            if let (None, Some(c)) = (exact, cursor) {
+                // Otherwise the examined occurrence continuing nearest at or after the cursor.
+                let nearest = (before..candidates.len())
+                    .filter(|&i| candidates.start(i) + n >= c)
+                    .min_by_key(|&i| candidates.start(i));
+                if let Some(i) = nearest {
+                    candidates.promote(before, i);
+                }
+            }
+            if candidates.len() > before {
+                return Some(n);
+            }
         }
         None
     }
@@ -259,12 +371,7 @@ impl NgramIndex {
         if self.levels.is_empty() || max_n < min_n || max == 0 {
             return;
         }
-        let mut keys = [0u64; MAX_NGRAM + 1];
-        let mut state = SEED;
-        for (n, &t) in (1..=max_n).zip(suffix.iter().rev()) {
-            state = fold(state, t);
-            keys[n] = state;
-        }
+        let keys = suffix_keys(suffix, max_n);
         let mut calls = 0;
         for n in (min_n..=max_n).rev() {
             let level = &self.levels[n - min_n];
@@ -290,7 +397,8 @@ impl NgramIndex {
     #[inline]
     fn choose(&self, slot: &Slot, k: usize) -> u32 {
         match self.config.policy {
-            MatchPolicy::Recent => slot.recent,
+            // (Scored proposals go through `propose_scored`; the most recent stands in.)
+            MatchPolicy::Recent | MatchPolicy::Scored => slot.recent,
             MatchPolicy::Earliest => slot.earliest,
             MatchPolicy::LongestContinuation => {
                 let len = self.tokens.len();

@@ -11,7 +11,10 @@
 //! also occurs earlier (with at least one token after it) is looked up,
 //! trying `max_n` first; the tokens after the occurrence picked by the
 //! [`MatchPolicy`], up to `k` of them and up to the end of the sequence, are
-//! the draft.
+//! the draft. [`MatchPolicy::Scored`] reads many occurrences instead (the 32
+//! most recent by default): the draft follows the continuation they agree on,
+//! the copy in progress first and then by recency, and stops where they stop
+//! agreeing (see [`ScoreParams`]).
 //!
 //! A [`Drafter`] is one sequence's drafting policy: the index, the draft-length controller
 //! ([`DraftLength`], which sends only drafts expected to pay for their rows at the current
@@ -47,6 +50,7 @@ mod length;
 pub mod pass_cost;
 mod predictions;
 mod scan;
+mod scored;
 mod spec_config;
 pub mod tree;
 
@@ -59,6 +63,7 @@ pub use length::{DraftLength, PRIOR_PRICE};
 pub use pass_cost::PassCost;
 pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
+pub use scored::{ScoreParams, MAX_SCORED_OCCURRENCES};
 pub use spec_config::{
     SpecConfig, SpecError, SpecMethod, SpecOverrides, TreeSources, DEFAULT_NUM_SPECULATIVE_TOKENS,
     DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,

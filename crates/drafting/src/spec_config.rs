@@ -418,6 +418,15 @@ mod tests {
         assert_eq!(c.num_speculative_tokens, 3);
         assert_eq!(c.match_policy, MatchPolicy::LongestContinuation);
         assert_eq!(c.prompt_lookup_max, DEFAULT_PROMPT_LOOKUP_MAX);
+        let o = parse(r#"{"method":"ngram","match_policy":"scored"}"#).unwrap();
+        assert_eq!(o.match_policy, Some(MatchPolicy::Scored));
+        let c = SpecConfig::default()
+            .merge(Some(&o), &SpecOverrides::default())
+            .unwrap();
+        assert_eq!(c.match_policy, MatchPolicy::Scored);
+        assert!(serde_json::to_string(&c)
+            .unwrap()
+            .contains("\"match_policy\":\"scored\""));
     }
 
     #[test]

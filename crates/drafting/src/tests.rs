@@ -332,3 +332,158 @@ fn large_token_ids() {
     );
     assert_eq!(out, [0, u32::MAX, u32::MAX - 1]);
 }
+
+fn scored(
+    tokens: &[u32],
+    min_n: usize,
+    max_n: usize,
+    k: usize,
+    params: ScoreParams,
+) -> (Option<Match>, Vec<u32>) {
+    let mut index = NgramIndex::with_tokens(config(min_n, max_n, MatchPolicy::Scored), tokens);
+    index.set_score_params(params);
+    let mut out = vec![99];
+    let m = index.propose(k, &mut out);
+    (m, out)
+}
+
+fn params(decay: f64, min_path_probability: f64) -> ScoreParams {
+    ScoreParams {
+        decay,
+        min_path_probability,
+        ..ScoreParams::default()
+    }
+}
+
+#[test]
+fn scored_follows_the_majority_not_the_latest() {
+    //          0  1  2  3  4  5  6  7  8  9 10 11 12 13 14
+    let seq = [5, 1, 2, 3, 5, 1, 2, 3, 5, 1, 2, 9, 5, 1, 2];
+    // "5 1 2" went on with 3 twice, then with 9 once (the latest).
+    let (m, out) = propose(&seq, 1, 3, 2, MatchPolicy::Recent);
+    assert_eq!((m.unwrap().start, out), (8, vec![9, 5]));
+    let (m, out) = scored(&seq, 1, 3, 2, params(1.0, 0.0));
+    assert_eq!(out, [3, 5]);
+    assert_eq!(
+        m,
+        Some(Match {
+            n: 3,
+            start: 4,
+            len: 2
+        }),
+        "the most recent occurrence on the chosen path"
+    );
+    // A decay steep enough for the latest to outweigh the two older ones together.
+    assert_eq!(scored(&seq, 1, 3, 2, params(0.4, 0.0)).1, [9, 5]);
+    // 3 has two thirds of the (uniform) weight: a threshold above that drafts nothing, but the
+    // match is still reported.
+    let (m, out) = scored(&seq, 1, 3, 2, params(1.0, 0.7));
+    assert!(out.is_empty());
+    assert_eq!(m.map(|m| (m.n, m.len)), Some((3, 0)));
+}
+
+#[test]
+fn scored_drafts_while_the_occurrences_agree() {
+    // "7" was followed by "1 2 3" and by "1 2 4": both agree on two tokens, then split.
+    let seq = [7, 1, 2, 3, 0, 7, 1, 2, 4, 0, 7];
+    let (m, out) = scored(&seq, 1, 1, 8, params(1.0, 0.6));
+    assert_eq!(out, [1, 2]);
+    assert_eq!(m.unwrap().start, 5);
+    // At or below one half the split is taken too, towards the most recent (uniform weights).
+    assert_eq!(scored(&seq, 1, 1, 8, params(1.0, 0.5)).1, [1, 2, 4, 0, 7]);
+    // k caps the draft.
+    assert_eq!(scored(&seq, 1, 1, 3, params(1.0, 0.0)).1, [1, 2, 4]);
+}
+
+#[test]
+fn scored_with_one_occurrence_drafts_like_recent_and_earliest() {
+    let seq = [1, 2, 3, 4, 5, 6, 7, 1, 2];
+    let want = propose(&seq, 1, 4, 5, MatchPolicy::Recent);
+    assert_eq!(want, propose(&seq, 1, 4, 5, MatchPolicy::Earliest));
+    for p in [params(1.0, 1.0), params(0.01, 0.99), ScoreParams::default()] {
+        assert_eq!(scored(&seq, 1, 4, 5, p), want);
+    }
+}
+
+#[test]
+fn scored_examines_only_the_most_recent_occurrences() {
+    // "8" went on with 1 four times long ago, then with 2 twice lately.
+    let seq = [8, 1, 8, 1, 8, 1, 8, 1, 8, 2, 8, 2, 8];
+    let cap = |max_occurrences| ScoreParams {
+        max_occurrences,
+        decay: 1.0,
+        min_path_probability: 0.0,
+    };
+    assert_eq!(scored(&seq, 1, 1, 1, cap(64)).1, [1]);
+    assert_eq!(scored(&seq, 1, 1, 1, cap(2)).1, [2]);
+    // Three of them: 2 twice against 1 once.
+    assert_eq!(scored(&seq, 1, 1, 1, cap(3)).1, [2]);
+}
+
+#[test]
+fn scored_rewinds_with_the_index() {
+    let cfg = config(1, 2, MatchPolicy::Scored);
+    let mut index = NgramIndex::with_tokens(cfg, &[4, 1, 4, 1, 4, 2, 4]);
+    index.set_score_params(params(1.0, 0.0));
+    let mut out = Vec::new();
+    assert_eq!(index.propose(1, &mut out).unwrap().n, 1);
+    assert_eq!(out, [1]);
+    index.truncate(3); // 4 1 4
+    assert_eq!(index.propose(4, &mut out).unwrap().start, 0);
+    assert_eq!(out, [1, 4]);
+    // The settings are kept, in range.
+    index.set_score_params(ScoreParams {
+        max_occurrences: 0,
+        ..ScoreParams::default()
+    });
+    assert_eq!(index.score_params().max_occurrences, 1);
+}
+
+#[test]
+fn scored_cursor_ranks_the_copy_in_progress_first() {
+    //          0  1  2  3  4  5  6  7  8  9
+    let seq = [3, 1, 4, 8, 3, 1, 5, 9, 3, 1];
+    // "3 1" went on with 4 (from 2) and with 5 (from 6): an even split, the latest wins.
+    let mut index = NgramIndex::with_tokens(config(1, 3, MatchPolicy::Scored), &seq);
+    index.set_score_params(params(1.0, 0.0));
+    let at = |index: &NgramIndex, cursor| {
+        let mut out = Vec::new();
+        let m = index.propose_from(2, cursor, &mut out).unwrap();
+        (m.start, out)
+    };
+    assert_eq!(at(&index, None), (4, vec![5, 9]));
+    assert_eq!(
+        at(&index, Some(2)),
+        (0, vec![4, 8]),
+        "the copy continues at 2"
+    );
+    assert_eq!(at(&index, Some(1)), (0, vec![4, 8]), "nearest after 1");
+    assert_eq!(at(&index, Some(3)), (4, vec![5, 9]), "nearest after 3");
+    assert_eq!(
+        at(&index, Some(7)),
+        (4, vec![5, 9]),
+        "none after 7: recency decides"
+    );
+    assert_eq!(at(&index, Some(100)), (4, vec![5, 9]));
+    // Other policies ignore the cursor.
+    index.set_policy(MatchPolicy::Recent);
+    assert_eq!(at(&index, Some(2)), (4, vec![5, 9]));
+}
+
+#[test]
+fn scored_cursor_reaches_past_the_examined_occurrences() {
+    // "8" went on with 1 first, then with 2 four times.
+    let seq = [8, 1, 8, 2, 8, 2, 8, 2, 8, 2, 8];
+    let mut index = NgramIndex::with_tokens(config(1, 1, MatchPolicy::Scored), &seq);
+    index.set_score_params(ScoreParams {
+        max_occurrences: 2,
+        decay: 0.4,
+        min_path_probability: 0.0,
+    });
+    let mut out = Vec::new();
+    assert_eq!(index.propose_from(1, None, &mut out).unwrap().start, 8);
+    assert_eq!(out, [2]);
+    // The occurrence at 0 is not among the two most recent, but the cursor points at it.
+    assert_eq!(index.propose_from(1, Some(1), &mut out).unwrap().start, 0);
+    assert_eq!(out, [1]);
+}

@@ -184,3 +184,20 @@ def test_the_vllm_proposer_drafts_each_row_from_its_own_tokens(adaptive):
                 drafts.pop()
     assert not waiting and not batch.requests, "the simulation ran out of steps"
     assert checked > 1000 and accepted_total > 1000
+
+
+def test_the_vllm_proposer_takes_a_per_step_draft_length():
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=6, prompt_lookup_min=0, prompt_lookup_max=0, method="custom_class"),
+        model_config=SimpleNamespace(max_model_len=64),
+        additional_config={"pld": {"prompt_lookup_max": 3}},
+    )
+    proposer = Proposer(config)
+    row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2] + [0] * 53
+    assert proposer.propose([[2]], [11], [row]) == [[3, 4, 5, 6, 7, 8]], "K without a length"
+    row[11] = 3
+    assert proposer.propose([[3]], [12], [row], num_speculative_tokens=2) == [[4, 5]]
+    row[12] = 4
+    assert proposer.propose([[4]], [13], [row], num_speculative_tokens=0) == [[]]
+    row[13] = 5
+    assert proposer.propose([[5]], [14], [row], num_speculative_tokens=99) == [[6, 7, 8, 9, 1, 2]], "never past K"

@@ -15,8 +15,15 @@ step with the rows of its persistent batch: the tokens each row accepted this st
 length, and the batch's token array. It names the class in `speculative_config["model"]` and sets
 `prompt_lookup_min/max` to 0 for a custom class, so pld's own settings go in
 `additional_config["pld"]` (vLLM's names: `prompt_lookup_min`, `prompt_lookup_max`,
-`match_policy`, `adaptive`, which is off by default here: on a GPU a drafted row is nearly free);
+`match_policy` (`recent`, the default, `earliest`, `longest` or `scored`: see `MatchPolicy` in the
+drafting crate), `adaptive`, which is off by default here: on a GPU a drafted row is nearly free);
 K is vLLM's `num_speculative_tokens`.
+
+vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`, K unless a
+dynamic schedule by batch size lowers it) and hands it to its own `ngram` and `suffix` proposers as
+their first argument; its `custom_class` call passes no length (`gpu_model_runner.py` of vLLM's
+main branch as read for issue 40), so K applies. `propose` takes the length as the keyword
+`num_speculative_tokens`, for a caller that has it.
 
 vLLM's own n-gram proposer rescans each row's whole context every step. This one keeps a pld
 drafter per request, updated with the tokens each step accepted, so a proposal costs the same at
@@ -105,11 +112,16 @@ class Proposer:
         num_tokens_no_spec: Any,
         token_ids_cpu: Any,
         slot_mappings: Any = None,
+        num_speculative_tokens: Optional[int] = None,
         **_: Any,
     ) -> List[List[int]]:
         """One draft per row (`[]` for none): the row's sequence is `token_ids_cpu[i,
         :num_tokens_no_spec[i]]`, of which `sampled_token_ids[i]` arrived this step (empty for a
-        row still in prefill)."""
+        row still in prefill). `num_speculative_tokens` caps this step's drafts below K (vLLM's
+        per-step draft length; None: K); the rows' drafters are updated whatever it is."""
+        k = self.k
+        if num_speculative_tokens is not None:
+            k = max(0, min(k, int(num_speculative_tokens)))
         previous = self._rows
         spare: Dict[Any, List[_Tracked]] = {}
         for s in previous:
@@ -132,7 +144,7 @@ class Proposer:
                 # The last draft's accepted tokens are the new ones but the model's own last.
                 state.drafter.observe(min(state.proposed, len(new) - 1))
                 state.extend(new)
-            draft = state.drafter.propose(min(self.k, self.max_model_len - n))
+            draft = state.drafter.propose(min(k, self.max_model_len - n))
             state.proposed = len(draft)
             rows.append(state)
             drafts.append(draft)
