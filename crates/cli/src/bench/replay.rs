@@ -364,8 +364,18 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
     let budget = a.prefix_cache.budget();
     let modes = rt.block_on(async {
         let max_seqs = a.clients.max(1);
-        let plain = super::serve::server_config(budget, ctx, max_seqs, SpecConfig::off());
-        let fast = super::serve::server_config(budget, ctx, max_seqs, spec);
+        // Agents send fields and tools pld cannot honour; the recording server ignored them too.
+        let lenient = |mut c: server::ServerConfig| {
+            c.lenient = true;
+            c
+        };
+        let plain = lenient(super::serve::server_config(
+            budget,
+            ctx,
+            max_seqs,
+            SpecConfig::off(),
+        ));
+        let fast = lenient(super::serve::server_config(budget, ctx, max_seqs, spec));
         let plain = super::serve::start_server(server::app(lm.clone(), plain)).await?;
         let fast = super::serve::start_server(server::app(lm.clone(), fast)).await?;
         let p = replay(&plain, &convs, "bench", &a).await?;
