@@ -2,7 +2,8 @@
 //! `message_start` (the message with empty content), `ping`, then for each content block
 //! `content_block_start`, `content_block_delta` (`text_delta`, or one `input_json_delta` with a
 //! call's whole arguments) and `content_block_stop`, and at the end `message_delta` (the stop
-//! reason and output tokens) and `message_stop`. A failure is an `error` event.
+//! reason and output tokens) and `message_stop`. A failure is an `error` event; while
+//! nothing else is sent (a long prefill) a `ping` goes out every 10 s.
 
 use super::messages::{stop_reason, usage};
 use super::output::{Call, Outputs, Piece, Usage};
@@ -146,5 +147,7 @@ pub(super) fn stream(
         Some((out, st))
     })
     .flat_map(stream::iter);
-    Sse::new(s)
+    // Anthropic's own keep-alive is a `ping` event.
+    let ping = SseEvent::default().event("ping").data(r#"{"type":"ping"}"#);
+    Sse::new(s).keep_alive(super::stream::keep_alive().event(ping))
 }

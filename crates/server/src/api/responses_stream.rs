@@ -199,5 +199,5 @@ pub(super) fn stream(
         Some((out, st))
     })
     .flat_map(stream::iter);
-    Sse::new(s)
+    Sse::new(s).keep_alive(super::stream::keep_alive())
 }

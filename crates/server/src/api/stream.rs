@@ -6,12 +6,18 @@
 use super::output::{Call, Finish, Outputs, Piece, Usage};
 use super::response::{finish_reason, openai_call, Meta};
 use super::Kind;
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 
 pub(super) type Chunk = Result<SseEvent, Infallible>;
+
+/// While a long prompt is prefilled nothing else is sent: an SSE comment every 10 s keeps
+/// clients and proxies with idle timeouts from giving up (SSE readers skip comments).
+pub(super) fn keep_alive() -> KeepAlive {
+    KeepAlive::new().interval(std::time::Duration::from_secs(10))
+}
 
 pub(super) fn data(v: Value) -> Chunk {
     Ok(SseEvent::default().data(v.to_string()))
@@ -176,5 +182,5 @@ pub(super) fn stream(
         Some((out, st))
     })
     .flat_map(stream::iter);
-    Sse::new(s)
+    Sse::new(s).keep_alive(keep_alive())
 }
