@@ -259,6 +259,23 @@ async fn each_api_answers_errors_in_its_own_shape() {
     assert_eq!(r.status().as_u16(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "input", "{e}");
+    // pld's own settings are read by every API, and checked the same way.
+    let bad_spec = r#"{"input": "hi", "speculative_config": {"method": "eagle"}}"#;
+    let e: Value = send("/v1/responses", bad_spec)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("eagle"),
+        "{e}"
+    );
+    let bad_seed = r#"{"model": "smollm2-135m", "max_tokens": 2, "seed": "x", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let r = send("/v1/messages", bad_seed).await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    anthropic(400, &r.json().await.unwrap(), "invalid_request_error");
     let r = send(
         "/v1/responses",
         r#"{"input": [{"type": "reasoning", "summary": []}]}"#,

@@ -8,7 +8,7 @@
 use super::error::{ApiError, ErrorShape};
 use super::output::{Choice, Finish, Outputs};
 use super::request::{check_fields, json_body, neutral, typed};
-use super::validate::{self, Conversation, Names, Settings};
+use super::validate::{self, Conversation, Extras, Names, Settings, EXTRA_FIELDS};
 use super::{answer_model, finish, record, submit};
 use crate::tenant::Tenant;
 use crate::tools::Tools;
@@ -18,7 +18,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use drafting::SpecOverrides;
 use engine::{Message, PromptEnd};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -30,7 +29,7 @@ const NAMES: Names = Names {
     tools: "tools",
 };
 
-/// The fields pld reads (Anthropic's, then pld's own speculation and sampling settings).
+/// The fields pld reads (besides `EXTRA_FIELDS`).
 const FIELDS: &[&str] = &[
     "model",
     "max_tokens",
@@ -39,19 +38,11 @@ const FIELDS: &[&str] = &[
     "stop_sequences",
     "temperature",
     "top_p",
-    "top_k",
     "metadata",
     "tools",
     "tool_choice",
     "stream",
     "output_config",
-    "min_p",
-    "repetition_penalty",
-    "seed",
-    "speculative_config",
-    "num_speculative_tokens",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
 ];
 
 /// Messages fields accepted only with the value that changes nothing here.
@@ -96,7 +87,6 @@ struct MessagesRequest {
     stop_sequences: Option<Vec<String>>,
     temperature: Option<f32>,
     top_p: Option<f32>,
-    top_k: Option<i64>,
     #[allow(dead_code)]
     metadata: Option<Value>,
     tools: Option<Vec<Value>>,
@@ -105,13 +95,8 @@ struct MessagesRequest {
     stream: bool,
     /// `{"format": {"type": "json_schema", "schema": ...}, "effort": ...}`.
     output_config: Option<Value>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: Option<u64>,
-    speculative_config: Option<SpecOverrides>,
-    num_speculative_tokens: Option<usize>,
-    prompt_lookup_max: Option<usize>,
-    prompt_lookup_min: Option<usize>,
+    #[serde(flatten)]
+    extras: Extras,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +114,7 @@ fn read_body(
     let mut value = json_body(body)?;
     let fields: Vec<&str> = FIELDS
         .iter()
+        .chain(EXTRA_FIELDS)
         .copied()
         .filter(|f| !count || *f != "max_tokens")
         .collect();
@@ -223,24 +209,11 @@ fn settings(req: &MessagesRequest, model: Option<String>) -> Result<Settings, Ap
         max_tokens: req.max_tokens,
         temperature: req.temperature,
         top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
         stop: req.stop_sequences.clone().unwrap_or_default(),
-        n: None,
-        speculative_config: req.speculative_config.clone(),
-        speculation: SpecOverrides {
-            num_speculative_tokens: req.num_speculative_tokens,
-            prompt_lookup_max: req.prompt_lookup_max,
-            prompt_lookup_min: req.prompt_lookup_min,
-            ..Default::default()
-        },
-        logprobs: None,
         format: output_format(req.output_config.as_ref())?,
         format_field: "output_config.format",
         stream: req.stream,
-        include_usage: false,
+        ..req.extras.settings()
     })
 }
 

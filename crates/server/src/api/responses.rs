@@ -10,7 +10,7 @@
 use super::error::ApiError;
 use super::output::{Call, Choice, Finish, Outputs};
 use super::request::{check_fields, json_body, neutral, typed};
-use super::validate::{self, Conversation, Names, Settings};
+use super::validate::{self, Conversation, Extras, Names, Settings, EXTRA_FIELDS};
 use super::{answer_model, finish, record, submit, unix_now};
 use crate::tenant::Tenant;
 use crate::tools::Tools;
@@ -20,7 +20,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use drafting::SpecOverrides;
 use engine::{Message, PromptEnd, ResponseFormat};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -32,7 +31,7 @@ const NAMES: Names = Names {
     tools: "tools",
 };
 
-/// The fields pld reads (OpenAI's, then pld's own speculation and sampling settings).
+/// The fields pld reads (besides `EXTRA_FIELDS`).
 const FIELDS: &[&str] = &[
     "model",
     "input",
@@ -48,14 +47,6 @@ const FIELDS: &[&str] = &[
     "store",
     "previous_response_id",
     "stream",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "seed",
-    "speculative_config",
-    "num_speculative_tokens",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
 ];
 
 /// Responses fields accepted only with the value that changes nothing here.
@@ -99,14 +90,8 @@ struct ResponsesRequest {
     previous_response_id: Option<String>,
     #[serde(default)]
     stream: bool,
-    top_k: Option<i64>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: Option<u64>,
-    speculative_config: Option<SpecOverrides>,
-    num_speculative_tokens: Option<usize>,
-    prompt_lookup_max: Option<usize>,
-    prompt_lookup_min: Option<usize>,
+    #[serde(flatten)]
+    extras: Extras,
 }
 
 /// What a response object echoes of its request, and what the answer needs to be built.
@@ -146,7 +131,8 @@ async fn answer(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let mut value = json_body(body)?;
-    check_fields(&mut value, FIELDS, responses_neutral, state.config.lenient)?;
+    let fields = [FIELDS, EXTRA_FIELDS].concat();
+    check_fields(&mut value, &fields, responses_neutral, state.config.lenient)?;
     let req: ResponsesRequest = typed(value)?;
     let (conv, echo) = read(state, tenant, &req)?;
     let settings = settings(&req)?;
@@ -419,24 +405,11 @@ fn settings(req: &ResponsesRequest) -> Result<Settings, ApiError> {
         max_tokens: req.max_output_tokens,
         temperature: req.temperature,
         top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
         stop: Vec::new(),
-        n: None,
-        speculative_config: req.speculative_config.clone(),
-        speculation: SpecOverrides {
-            num_speculative_tokens: req.num_speculative_tokens,
-            prompt_lookup_max: req.prompt_lookup_max,
-            prompt_lookup_min: req.prompt_lookup_min,
-            ..Default::default()
-        },
-        logprobs: None,
         format: text_format(req.text.as_ref())?,
         format_field: "text.format",
         stream: req.stream,
-        include_usage: false,
+        ..req.extras.settings()
     })
 }
 

@@ -74,6 +74,52 @@ pub(super) struct Settings {
     pub include_usage: bool,
 }
 
+/// pld's own settings, which every API reads beside its own fields: sampling settings the API
+/// lacks, and speculation under vLLM's and Hugging Face's names.
+#[derive(serde::Deserialize, Default)]
+pub(super) struct Extras {
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<u64>,
+    speculative_config: Option<SpecOverrides>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+}
+
+/// The fields of `Extras`.
+pub(super) const EXTRA_FIELDS: &[&str] = &[
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "speculative_config",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+];
+
+impl Extras {
+    /// Settings holding these (the rest default, for the API's reader to fill).
+    pub(super) fn settings(&self) -> Settings {
+        Settings {
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            speculative_config: self.speculative_config.clone(),
+            speculation: SpecOverrides {
+                num_speculative_tokens: self.num_speculative_tokens,
+                prompt_lookup_max: self.prompt_lookup_max,
+                prompt_lookup_min: self.prompt_lookup_min,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
 /// The prompt text of a conversation: its messages rendered by the chat template with its tools.
 pub(super) fn render(
     state: &AppState,
