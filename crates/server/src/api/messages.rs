@@ -87,8 +87,6 @@ struct MessagesRequest {
     stop_sequences: Option<Vec<String>>,
     temperature: Option<f32>,
     top_p: Option<f32>,
-    #[allow(dead_code)]
-    metadata: Option<Value>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     #[serde(default)]
@@ -175,12 +173,7 @@ async fn answer(
             super::messages_stream::stream(id, model, prompt_tokens, outputs).into_response(),
         );
     }
-    let choice = outputs
-        .collect()
-        .await
-        .map_err(ApiError::server)?
-        .pop()
-        .ok_or_else(|| ApiError::server("no output"))?;
+    let choice = outputs.single().await.map_err(ApiError::server)?;
     Ok(Json(message_object(&id, &model, &choice)).into_response())
 }
 

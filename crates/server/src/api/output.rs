@@ -187,6 +187,14 @@ impl Outputs {
         })
     }
 
+    /// The one choice of a request of one (the Responses and Messages APIs), whole.
+    pub async fn single(self) -> Result<Choice, String> {
+        self.collect()
+            .await?
+            .pop()
+            .ok_or_else(|| "the request had no choice".to_string())
+    }
+
     /// Every choice whole, once all have finished; the engine's message if it failed.
     pub async fn collect(mut self) -> Result<Vec<Choice>, String> {
         let mut choices: Vec<Choice> = (0..self.n)

@@ -146,12 +146,7 @@ async fn answer(
             super::responses_stream::stream(state.clone(), tenant, echo, outputs).into_response(),
         );
     }
-    let choice = outputs
-        .collect()
-        .await
-        .map_err(ApiError::server)?
-        .pop()
-        .ok_or_else(|| ApiError::server("no output"))?;
+    let choice = outputs.single().await.map_err(ApiError::server)?;
     let response = response_object(&echo, Some(&choice), "completed");
     keep(state, tenant, &echo, &response);
     Ok(Json(response).into_response())

@@ -100,17 +100,25 @@ pub fn client_of(key: &str) -> reqwest::Client {
 /// Runs a Python script (the openai client's tests) off the async workers; fails with its output
 /// unless it succeeds.
 pub async fn run_python(script: String) {
+    python_clients();
+    run_python_with(vec!["-c".into(), script], None, "the python client script").await;
+}
+
+/// Runs `python3 ARGS` (in `dir`) off the async workers; fails with its output unless it succeeds.
+async fn run_python_with(args: Vec<String>, dir: Option<&'static str>, what: &str) {
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .unwrap()
+        let mut c = std::process::Command::new("python3");
+        c.args(&args);
+        if let Some(d) = dir {
+            c.current_dir(d);
+        }
+        c.output().unwrap()
     })
     .await
     .unwrap();
     assert!(
         out.status.success(),
-        "openai client failed: {}{}",
+        "{what} failed: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -148,21 +156,6 @@ pub fn python_clients() {
 pub async fn run_client(script: &str, args: Vec<String>) {
     python_clients();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
-    let path = format!("{dir}/{script}");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(&path)
-            .args(&args)
-            .current_dir(dir)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{script} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = [vec![format!("{dir}/{script}")], args].concat();
+    run_python_with(args, Some(dir), script).await;
 }
