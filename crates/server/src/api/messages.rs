@@ -451,7 +451,7 @@ pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
 /// Anthropic's usage: `input_tokens` counts only the prompt tokens not read from the cache.
 pub(super) fn usage(u: &super::output::Usage) -> Value {
     json!({
-        "input_tokens": u.prompt - u.cached,
+        "input_tokens": u.prompt.saturating_sub(u.cached),
         "output_tokens": u.completion,
         "cache_read_input_tokens": u.cached,
         "cache_creation_input_tokens": 0,
