@@ -60,7 +60,7 @@ pub use corpus::{Corpus, DEFAULT_CORPUS_TOKENS};
 pub use drafter::{Drafter, SharedCorpus, SharedPredictions};
 pub use index::NgramIndex;
 pub use length::{DraftLength, PRIOR_PRICE};
-pub use pass_cost::PassCost;
+pub use pass_cost::{ContextCost, PassCost};
 pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
 pub use scored::{ScoreParams, MAX_SCORED_OCCURRENCES};

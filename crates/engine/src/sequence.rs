@@ -273,6 +273,11 @@ impl Sequence {
         self.draft_price = price;
     }
 
+    /// Positions in the sequence's cache: what the rows of its next pass attend to.
+    pub fn positions(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Whether the prompt is still being fed (the next pass is not a decode step).
     pub fn in_prefill(&self) -> bool {
         matches!(self.phase, Phase::Prefill(_))

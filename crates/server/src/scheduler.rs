@@ -4,9 +4,11 @@
 //! channel as it is accepted, and a sequence whose client went away is dropped within one step.
 //!
 //! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
-//! drafted rows stop being nearly free as the batch grows. The loop measures what passes cost by
-//! row count (`PassCost`, timed at start-up and refined from real decode passes) and gives each
-//! greedy sequence the price of a drafted row in the current batch; the sequence's controller then
+//! drafted rows stop being nearly free as the batch grows, nor as a sequence's context grows (each
+//! row attends to every cached position). The loop measures what passes cost by row count and
+//! context (`PassCost`, timed at start-up and refined from real decode passes) and gives each
+//! greedy sequence the price of a drafted row in the current batch at its context; the sequence's
+//! controller then
 //! sends only the drafts whose expected accepted tokens pay that price, which is none once the
 //! batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
 //! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
@@ -202,6 +204,7 @@ fn measure_cost(lm: &LoadedModel) -> PassCost {
         draft_price_1 = format!("{:.2}", cost.price(1)),
         draft_price_4 = format!("{:.2}", cost.price(4)),
         draft_price_8 = format!("{:.2}", cost.price(8)),
+        draft_price_1_at_16k = format!("{:.2}", cost.prices(&[16_384])[0]),
         "pass costs measured"
     );
     cost
@@ -246,16 +249,19 @@ impl EngineLoop<'_> {
             .store(self.running.len() as u64, Ordering::Relaxed);
     }
 
-    /// One pass over the running batch, each sequence's drafts priced for its size; a decode-only
-    /// pass refines the pass costs, and what speculation did is counted.
+    /// One pass over the running batch, each sequence's drafts priced for the batch's size and
+    /// its own context; a decode-only pass refines the pass costs, and what speculation did is
+    /// counted.
     fn step(&mut self) -> engine::Result<()> {
         let n = self.running.len();
-        let price = self.cost.price(n);
+        let contexts: Vec<usize> = self.running.iter().map(|r| r.seq.positions()).collect();
+        let prices = self.cost.prices(&contexts);
         let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
         let before: Vec<SpecStats> = self
             .running
             .iter_mut()
-            .map(|r| {
+            .zip(&prices)
+            .map(|(r, &price)| {
                 if r.seq.config().sampling.is_greedy() {
                     r.seq.set_draft_price(Some(price));
                     r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
@@ -273,14 +279,14 @@ impl EngineLoop<'_> {
             step(&self.lm.model, &self.lm.tokenizer, &mut seqs)?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        let mut drafted = 0;
-        for (r, b) in self.running.iter().zip(&before) {
+        let mut batch = Vec::with_capacity(n);
+        for ((r, b), &ctx) in self.running.iter().zip(&before).zip(&contexts) {
             let counted = r.seq.stats.since(b);
-            drafted += counted.draft_tokens;
+            batch.push((1 + counted.draft_tokens, ctx));
             self.metrics.count_step(&counted);
         }
         if decode_only {
-            self.cost.observe(n + drafted, seconds);
+            self.cost.observe_batch(&batch, seconds);
         }
         Ok(())
     }

@@ -338,8 +338,10 @@ async fn agent_shaped_requests_are_accepted() {
         "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "0123", "client_metadata": {"thread_id": "0123"}, "max_output_tokens": 4,
     });
+    // Greedy: Messages samples at temperature 1 by default, and a sampled answer may end within
+    // the 4 tokens this test expects it to fill.
     let claude = json!({
-        "model": "qwen-coder-0.5b", "max_tokens": 4, "stream": false,
+        "model": "qwen-coder-0.5b", "max_tokens": 4, "stream": false, "temperature": 0,
         "system": [{"type": "text", "text": "billing header"}, {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "<system-reminder>date</system-reminder>"}, {"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},

@@ -6,7 +6,9 @@
 //! first output, end-to-end time, prompt, cached and output tokens are measured from the stream.
 //!
 //! A conversation is a run of consecutive requests through one API from one API key. With
-//! `--clients N`, N conversations are replayed at once. The report gives each turn's time to
+//! `--clients N`, N conversations are replayed at once (with one, each request goes to the plain
+//! server and then to the speculative one, alternating; with more, all go to one, then all to
+//! the other). The report gives each turn's time to
 //! first output and cached prompt share, and over everything the decode and end-to-end speedups
 //! and whether the two servers' outputs were identical (they must be: greedy speculation changes
 //! no token).
@@ -304,6 +306,32 @@ async fn replay(
     Ok(all)
 }
 
+/// One client: each request goes to the plain server, then the same request to the speculative
+/// one, so that whatever else the machine does in the meantime falls on both alike (each server
+/// keeps its own prefix cache, so each still sees the conversation as the agent sent it).
+async fn replay_alternating(
+    plain: &str,
+    fast: &str,
+    convs: &[Vec<Recorded>],
+    a: &ReplayArgs,
+) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3600))
+        .build()?;
+    let (mut p, mut s) = (Vec::new(), Vec::new());
+    for (c, conv) in convs.iter().enumerate() {
+        for (turn, r) in conv.iter().enumerate() {
+            let body = replay_body(r, "bench", a.max_tokens);
+            for (base, out) in [(plain, &mut p), (fast, &mut s)] {
+                let mut x = send(&client, base, r, &body).await?;
+                (x.conversation, x.turn) = (c, turn);
+                out.push(x);
+            }
+        }
+    }
+    Ok((p, s))
+}
+
 /// Totals over samples.
 #[derive(Default, serde::Serialize)]
 struct Totals {
@@ -378,8 +406,12 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         let fast = lenient(super::serve::server_config(budget, ctx, max_seqs, spec));
         let plain = super::serve::start_server(server::app(lm.clone(), plain)).await?;
         let fast = super::serve::start_server(server::app(lm.clone(), fast)).await?;
-        let p = replay(&plain, &convs, "bench", &a).await?;
-        let s = replay(&fast, &convs, "bench", &a).await?;
+        let (p, s) = if a.clients <= 1 {
+            replay_alternating(&plain, &fast, &convs, &a).await?
+        } else {
+            let p = replay(&plain, &convs, "bench", &a).await?;
+            (p, replay(&fast, &convs, "bench", &a).await?)
+        };
         Ok::<_, anyhow::Error>(vec![("plain", p), ("speculative", s)])
     })?;
     report(&a, Some((lm.name.as_str(), threads)), &modes)
