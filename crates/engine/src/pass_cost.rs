@@ -11,33 +11,37 @@ use std::time::Instant;
 /// Row counts timed; the table covers the rest by interpolation.
 const ANCHORS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 /// Cached positions before the timed rows: the short context, and the long one that gives the
-/// cost per position (when the model's context holds it).
+/// cost per position (the longest power of two up to this that the model's context holds, at
+/// least `MIN_LONG`). Long, because the difference is a few milliseconds at 2,048 positions,
+/// no more than a shared machine's noise.
 const SHORT: usize = 32;
-const LONG: usize = 2048;
-/// Rows of the second timing at the long context (the first is one row).
+const LONG: usize = 8192;
+const MIN_LONG: usize = 2048;
+/// Rows of the second timing at both contexts (the first is one row).
 const LONG_ROWS: usize = 16;
+/// Runs of each timing; the fastest counts (noise only ever adds time).
+const RUNS: usize = 3;
 
 /// Times passes over 1, 2, 4, ... 32 rows of one scratch sequence after 32 cached positions,
-/// then one and 16 rows after 2,048 (a few hundred milliseconds for a small model), the best of
-/// two runs each. The long cache is filled with made-up keys and values: attention costs the
-/// same whatever they hold.
+/// then one and 16 rows after 32 and after 8,192 in turn (about a second for a 1.5B model). The
+/// long cache is filled with made-up keys and values: attention costs the same whatever they hold.
 pub fn measure(model: &Model) -> Result<PassCost> {
     let tokens: Vec<u32> = (0..(SHORT + MAX_ROWS) as u32)
         .map(|i| (i * 7919) % model.config.vocab_size as u32)
         .collect();
-    let mut cache = model.new_cache(SHORT + MAX_ROWS);
+    let mut short = model.new_cache(SHORT + MAX_ROWS);
     model.forward(&mut [BatchItem {
         tokens: &tokens[..SHORT],
-        cache: &mut cache,
+        cache: &mut short,
         all_logits: false,
         parents: &[],
     }])?;
     let mut points = Vec::new();
     for &r in &ANCHORS {
-        points.push((r, best_pass(model, &mut cache, &tokens[SHORT..SHORT + r])?));
+        let rows = &tokens[SHORT..SHORT + r];
+        points.push((r, fastest(model, &mut short, rows)?));
     }
-    let at = |rows: usize| points.iter().find(|p| p.0 == rows).map_or(0.0, |p| p.1);
-    let context = context_cost(model, &tokens, at(1), at(LONG_ROWS))?;
+    let context = context_cost(model, &mut short, &tokens[SHORT..])?;
     for (r, s) in points.iter_mut() {
         *s = (*s - context.seconds(*r, SHORT)).max(f64::MIN_POSITIVE);
     }
@@ -48,39 +52,58 @@ pub fn measure(model: &Model) -> Result<PassCost> {
     Ok(PassCost::from_points(&points).with_context(context))
 }
 
-/// The cost per cached position, from one and `LONG_ROWS` rows timed after `LONG` positions
-/// against the same rows after `SHORT` (`one`, `many`). None (zero) for a short-context model.
-fn context_cost(model: &Model, tokens: &[u32], one: f64, many: f64) -> Result<ContextCost> {
-    if model.config.context_len < LONG + MAX_ROWS {
+/// The cost per cached position: one and `LONG_ROWS` rows timed after the long context and after
+/// `short`'s, alternately. None (zero) for a model whose context is short.
+fn context_cost(model: &Model, short: &mut KvCache, rows: &[u32]) -> Result<ContextCost> {
+    let room = model.config.context_len.saturating_sub(MAX_ROWS);
+    let long = (MIN_LONG..=LONG)
+        .rev()
+        .find(|l| l.is_power_of_two() && *l <= room);
+    let Some(long) = long else {
         return Ok(ContextCost::default());
+    };
+    let mut cache = model.new_cache(long + MAX_ROWS);
+    let chunk = 256;
+    let filler = vec![0x3c_u8; chunk * cache.shape().bytes_per_position()];
+    while cache.len() < long {
+        cache.put_rows(cache.len(), chunk, &filler);
     }
-    let mut cache = model.new_cache(LONG + MAX_ROWS);
-    let filler = vec![0x3c_u8; LONG * cache.shape().bytes_per_position()];
-    cache.put_rows(0, LONG, &filler);
-    let long_one = best_pass(model, &mut cache, &tokens[..1])?;
-    let long_many = best_pass(model, &mut cache, &tokens[..LONG_ROWS])?;
-    let positions = (LONG - SHORT) as f64;
+    // Fastest times of one and LONG_ROWS rows, near (after `short`) and far (after `long`).
+    let (mut near, mut far) = ([f64::INFINITY; 2], [f64::INFINITY; 2]);
+    for _ in 0..RUNS {
+        for (i, n) in [1, LONG_ROWS].into_iter().enumerate() {
+            near[i] = near[i].min(pass(model, short, &rows[..n])?);
+            far[i] = far[i].min(pass(model, &mut cache, &rows[..n])?);
+        }
+    }
+    let per_position = |i: usize| (far[i] - near[i]) / (long - short.len()) as f64;
     Ok(ContextCost::from_slopes(
-        (long_one - one) / positions,
+        per_position(0),
         LONG_ROWS,
-        (long_many - many) / positions,
+        per_position(1),
     ))
 }
 
-/// The faster of two passes over `rows` after what `cache` holds, which is kept as it was.
-fn best_pass(model: &Model, cache: &mut KvCache, rows: &[u32]) -> Result<f64> {
+/// One timed pass over `rows` after what `cache` holds, which is kept as it was.
+fn pass(model: &Model, cache: &mut KvCache, rows: &[u32]) -> Result<f64> {
     let len = cache.len();
+    let t = Instant::now();
+    model.forward(&mut [BatchItem {
+        tokens: rows,
+        cache,
+        all_logits: true,
+        parents: &[],
+    }])?;
+    let seconds = t.elapsed().as_secs_f64();
+    cache.truncate(len);
+    Ok(seconds)
+}
+
+/// The fastest of `RUNS` passes over `rows` after what `cache` holds.
+fn fastest(model: &Model, cache: &mut KvCache, rows: &[u32]) -> Result<f64> {
     let mut best = f64::INFINITY;
-    for _ in 0..2 {
-        let t = Instant::now();
-        model.forward(&mut [BatchItem {
-            tokens: rows,
-            cache,
-            all_logits: true,
-            parents: &[],
-        }])?;
-        best = best.min(t.elapsed().as_secs_f64());
-        cache.truncate(len);
+    for _ in 0..RUNS {
+        best = best.min(pass(model, cache, rows)?);
     }
     Ok(best)
 }

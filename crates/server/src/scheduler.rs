@@ -205,6 +205,8 @@ fn measure_cost(lm: &LoadedModel) -> PassCost {
         draft_price_4 = format!("{:.2}", cost.price(4)),
         draft_price_8 = format!("{:.2}", cost.price(8)),
         draft_price_1_at_16k = format!("{:.2}", cost.prices(&[16_384])[0]),
+        row_ms_per_1k_positions = format!("{:.2}", cost.context().per_row * 1e6),
+        pass_ms_per_1k_positions = format!("{:.2}", cost.context().shared * 1e6),
         "pass costs measured"
     );
     cost
