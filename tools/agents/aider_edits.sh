@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A copy-heavy agent workload, recorded for `pld bench replay`: aider asked for three edits in a row
+# to one 122-line Python file (pld's own tools/serve_load/load.py), in a scratch git repository,
+# through `pld serve --record-requests`. aider's edit format for a model it does not know is
+# "whole": every answer re-sends the whole file with the edit in it, and every request re-sends
+# the file as it now is, which is what prompt lookup and the prefix cache are for. Run by hand
+# (see docs/agents.md):
+#
+#   tools/agents/aider_edits.sh [MODEL] [OUT_DIR]     (default qwen-coder-1.5b, /tmp/pld-aider)
+#   pld bench replay --model MODEL --requests OUT_DIR/record/requests.jsonl --threads 2
+#
+# Installs aider into OUT_DIR/aider-venv (PyPI: aider-chat) on first use. Prints each edit's exit
+# code, wall time and diff size.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+MODEL=${1:-qwen-coder-1.5b}
+OUT=${2:-/tmp/pld-aider}
+PORT=${PORT:-8124}
+PLD=${PLD:-$ROOT/target/release/pld}
+LIMIT=${LIMIT:-900}
+AIDER=${AIDER:-$OUT/aider-venv/bin/aider}
+mkdir -p "$OUT"
+if [ ! -x "$AIDER" ]; then
+  python3 -m venv "$OUT/aider-venv" && "$OUT/aider-venv/bin/pip" install --quiet aider-chat || exit 1
+fi
+
+REPO=$OUT/repo
+rm -rf "$REPO" "$OUT/record" && mkdir -p "$REPO" && cp "$ROOT/tools/serve_load/load.py" "$REPO/"
+git -C "$REPO" init -q && git -C "$REPO" add . && git -C "$REPO" -c user.email=pld@test -c user.name=pld commit -qm start
+
+"$PLD" serve --model "$MODEL" --port "$PORT" --lenient --record-requests "$OUT/record" > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null' EXIT
+for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+
+i=0
+for task in \
+  "Rename the function ask to ask_once in load.py, and update every call." \
+  "In load.py, rename the parameter max_tokens to max_new_tokens everywhere." \
+  "Add a one-line docstring to the nested function client in load.py."; do
+  i=$((i + 1)); t=$SECONDS
+  (cd "$REPO" && LITELLM_LOCAL_MODEL_COST_MAP=True timeout "$LIMIT" "$AIDER" --model "openai/$MODEL" \
+    --openai-api-base "http://127.0.0.1:$PORT/v1" --openai-api-key none --yes-always \
+    --no-check-update --analytics-disable --no-show-model-warnings --no-gitignore --no-pretty \
+    --edit-format whole --message "$task" load.py < /dev/null > "$OUT/aider-$i.log" 2>&1)
+  echo "== edit $i: exit $?, $((SECONDS - t))s, $(git -C "$REPO" diff HEAD~1 --shortstat 2>/dev/null)"
+done
+echo "requests recorded: $(wc -l < "$OUT/record/requests.jsonl") in $OUT/record/requests.jsonl"
