@@ -274,9 +274,7 @@ async fn replay(
     model: &str,
     a: &ReplayArgs,
 ) -> anyhow::Result<Vec<Sample>> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3600))
-        .build()?;
+    let client = http_client()?;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let convs = Arc::new(convs.to_vec());
     let mut tasks = Vec::new();
@@ -306,6 +304,15 @@ async fn replay(
     Ok(all)
 }
 
+/// A fresh connection per request: a server that closes a connection after a streamed answer
+/// (llama-server does) would otherwise fail the next request sent over the pooled one.
+fn http_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(3600))
+        .pool_max_idle_per_host(0)
+        .build()
+}
+
 /// One client: each request goes to the plain server, then the same request to the speculative
 /// one, so that whatever else the machine does in the meantime falls on both alike (each server
 /// keeps its own prefix cache, so each still sees the conversation as the agent sent it).
@@ -315,9 +322,7 @@ async fn replay_alternating(
     convs: &[Vec<Recorded>],
     a: &ReplayArgs,
 ) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3600))
-        .build()?;
+    let client = http_client()?;
     let (mut p, mut s) = (Vec::new(), Vec::new());
     for (c, conv) in convs.iter().enumerate() {
         for (turn, r) in conv.iter().enumerate() {
