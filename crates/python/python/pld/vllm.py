@@ -19,11 +19,13 @@ length, and the batch's token array. It names the class in `speculative_config["
 drafting crate), `adaptive`, which is off by default here: on a GPU a drafted row is nearly free);
 K is vLLM's `num_speculative_tokens`.
 
-vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`, K unless a
-dynamic schedule by batch size lowers it) and hands it to its own `ngram` and `suffix` proposers as
-their first argument; its `custom_class` call passes no length (`gpu_model_runner.py` of vLLM's
-main branch as read for issue 40), so K applies. `propose` takes the length as the keyword
-`num_speculative_tokens`, for a caller that has it.
+vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`: K, or with
+`speculative_config["num_speculative_tokens_per_batch_size"]` the K its schedule gives the step's
+batch size) and hands it to its own `ngram` and `suffix` proposers as their first argument; its
+`custom_class` call passes no length (`gpu_model_runner.py` of vLLM 0.32). So the proposer builds
+the same schedule with vLLM's own function and looks it up by the step's number of rows (vLLM
+looks it up by the number of scheduled requests, which is the rows of its batch). `propose` also
+takes the length as the keyword `num_speculative_tokens`, for a caller that passes it.
 
 vLLM's own n-gram proposer rescans each row's whole context every step. This one keeps a pld
 drafter per request, updated with the tokens each step accepted, so a proposal costs the same at
@@ -81,6 +83,23 @@ class _Tracked:
             self.head = (self.head + tuple(tokens))[:HEAD]
 
 
+def _dynamic_schedule(vllm_config: Any, k: int) -> Optional[List[int]]:
+    """vLLM's draft length by batch size (index: the number of rows), where the config sets
+    `num_speculative_tokens_per_batch_size`; None otherwise."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return None
+    max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 0) or 256)
+    try:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+    except ImportError:  # a vLLM without dynamic schedules would not have set one
+        return None
+    return build_dynamic_sd_schedule_lookup(
+        schedule, vllm_max_batch_size=max_rows, vllm_num_speculative_tokens=k
+    )
+
+
 class Proposer:
     """vLLM's custom proposer (`speculative_config={"method": "custom_class", "model":
     "pld.vllm.Proposer", ...}`): one pld drafter per request of the persistent batch."""
@@ -101,6 +120,7 @@ class Proposer:
         config.setdefault("adaptive", False)
         Drafter([], config)  # a bad setting fails now, in the worker's start-up
         self.config = config
+        self._k_by_batch = _dynamic_schedule(vllm_config, self.k)
         self._rows: List[Optional[_Tracked]] = []
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -120,6 +140,9 @@ class Proposer:
         row still in prefill). `num_speculative_tokens` caps this step's drafts below K (vLLM's
         per-step draft length; None: K); the rows' drafters are updated whatever it is."""
         k = self.k
+        if num_speculative_tokens is None and self._k_by_batch and sampled_token_ids:
+            rows = min(len(sampled_token_ids), len(self._k_by_batch) - 1)
+            num_speculative_tokens = self._k_by_batch[rows]
         if num_speculative_tokens is not None:
             k = max(0, min(k, int(num_speculative_tokens)))
         previous = self._rows
