@@ -152,9 +152,15 @@ def total(counts):
     return dict(out)
 
 
+WARM_STEPS = 3
+
+
 def propose_time(make, k, corpus, rows, context, steps):
-    """(seconds of the first call, mean seconds per later step) for `rows` rows of `context`
-    tokens, each a different stretch of `corpus`, one token added to every row per step."""
+    """(seconds of the first call and the WARM_STEPS after it, mean seconds per later step) for
+    `rows` rows of `context` tokens, each a different stretch of `corpus`, one token added to
+    every row per step. pld builds a row's index on its first call and its first pushes after the
+    build grow the index's storage (a one-off copy per request), so they are timed apart."""
+    steps += WARM_STEPS
     max_len = context + steps + 16
     tokens = np.zeros((rows, max_len), dtype=np.int32)
     need = context + steps
@@ -167,13 +173,17 @@ def propose_time(make, k, corpus, rows, context, steps):
     lengths = np.full(rows, n, dtype=np.int32)
     started = time.perf_counter()
     call(proposer, k, [[int(tokens[r, n - 1])] for r in range(rows)], lengths, tokens, batch)
-    first = time.perf_counter() - started
-    started = time.perf_counter()
+    times = []
     for _ in range(steps):
         n += 1
         lengths[:] = n
-        call(proposer, k, [[int(tokens[r, n - 1])] for r in range(rows)], lengths, tokens, batch)
-    return first, (time.perf_counter() - started) / steps
+        sampled = [[int(tokens[r, n - 1])] for r in range(rows)]
+        t = time.perf_counter()
+        call(proposer, k, sampled, lengths, tokens, batch)
+        times.append(time.perf_counter() - t)
+    first = time.perf_counter() - started - sum(times[WARM_STEPS:])
+    # The median step: on a shared machine a step now and then waits for the CPU.
+    return first, float(np.median(times[WARM_STEPS:])), float(np.mean(times[WARM_STEPS:]))
 
 
 def load_rows(a):
@@ -196,7 +206,7 @@ def proposers(a):
     """(name, factory) for every proposer to compare."""
     Ngram = vllm_ngram_class(a.vllm_file)
     out = [("vLLM ngram", Ngram)]
-    Suffix, why = suffix_class()
+    Suffix, why = suffix_class() if not a.no_suffix else (None, "--no-suffix")
     if Suffix is not None:
         out.append(("vLLM suffix (arctic-inference)", Suffix))
     else:
@@ -215,7 +225,8 @@ def _with_pld(cfg, settings):
 def run_replay(a, rows, out):
     print(f"{len(rows)} recorded rows, K={a.k}, n-grams {a.nmin}..{a.nmax}")
     max_len = max(len(p) + len(o) for p, o, _ in rows) + a.k + 2
-    print("| drafter | category | steps | drafted | accepted | tokens/step | drafted/step |\n|---|---|---:|---:|---:|---:|---:|")
+    print("| drafter | category | steps | drafted | accepted | tokens/step | drafted/step |\n"
+          "|---|---|---:|---:|---:|---:|---:|")
     for name, make in proposers(a):
         cfg = config(a.k, max_len, 1, nmin=a.nmin, nmax=a.nmax)
         counts = replay(make(cfg), a.k, rows, max_len)
@@ -229,17 +240,19 @@ def run_replay(a, rows, out):
 
 def run_timing(a, rows, out):
     corpus = np.array([t for p, o, _ in rows for t in list(p) + list(o)], dtype=np.int32)
-    print("\n| drafter | rows | context | first call ms | ms/step | us/row/step |\n|---|---:|---:|---:|---:|---:|")
+    print(f"\n| drafter | rows | context | first {WARM_STEPS + 1} steps ms | median ms/step "
+          "| mean ms/step | median us/row/step |\n|---|---:|---:|---:|---:|---:|---:|")
     for batch in a.batch or [1]:
         for context in a.context or [1024, 8192, 32768, 131072]:
             if batch * context > a.max_batch_tokens:
-                print(f"| (skipped: {batch} x {context} tokens is over --max-batch-tokens) | {batch} | {context} | | | |")
+                print(f"| (skipped: over --max-batch-tokens) | {batch} | {context} | | | | |")
                 continue
             for name, make in proposers(a):
-                first, step = propose_time(make, a.k, corpus, batch, context, a.steps)
-                out["timing"].append(dict(drafter=name, rows=batch, context=context, first_s=first, step_s=step))
+                first, step, mean = propose_time(make, a.k, corpus, batch, context, a.steps)
+                out["timing"].append(dict(drafter=name, rows=batch, context=context, first_s=first,
+                                          median_step_s=step, mean_step_s=mean))
                 print(f"| {name} | {batch} | {context} | {first * 1e3:.1f} | {step * 1e3:.3f} "
-                      f"| {step * 1e6 / batch:.2f} |", flush=True)
+                      f"| {mean * 1e3:.3f} | {step * 1e6 / batch:.2f} |", flush=True)
 
 
 def main():
@@ -257,6 +270,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps per size")
     ap.add_argument("--max-batch-tokens", type=int, default=1 << 24,
                     help="skip timing sizes over this many tokens (pld's index takes ~150 B a token)")
+    ap.add_argument("--no-suffix", action="store_true", help="leave vLLM's suffix proposer out")
     ap.add_argument("--out", help="write the raw results here (JSON)")
     a = ap.parse_args()
     rows = load_rows(a)

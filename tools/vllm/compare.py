@@ -25,8 +25,9 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-def load_prompts(paths, per_category, tokenizer, max_prompt):
-    """The first turn of the first `per_category` rows of each category, as chat-template ids."""
+def load_prompts(paths, per_category, tokenizer, max_prompt, categories=None):
+    """The first turn of the first `per_category` rows of each category (of `categories`, when
+    given), as chat-template ids."""
     prompts = []
     for path in paths:
         seen = {}
@@ -38,7 +39,7 @@ def load_prompts(paths, per_category, tokenizer, max_prompt):
 
                 turns = ast.literal_eval(turns)
             cat = row["category"]
-            if seen.get(cat, 0) >= per_category:
+            if seen.get(cat, 0) >= per_category or (categories and cat not in categories):
                 continue
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": turns[0]}], add_generation_prompt=True, tokenize=True
@@ -182,6 +183,7 @@ def main():
     ap.add_argument("--model", required=True, help="a checkpoint vLLM loads (tools/vllm/convert.py)")
     ap.add_argument("--rows", action="append", required=True, help="Spec-Bench-format JSONL (repeat)")
     ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--category", action="append", help="only these categories (repeatable)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-prompt", type=int, default=3000, help="skip prompts longer than this")
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -203,7 +205,7 @@ def main():
     from transformers import AutoTokenizer
 
     prompts = load_prompts(args.rows, args.per_category, AutoTokenizer.from_pretrained(args.model),
-                           args.max_prompt)
+                           args.max_prompt, set(args.category or []))
     report = {"vllm": vllm.__version__, "model": args.model, "cpu": cpu_name(),
               "threads": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "vLLM's default"),
               "python": platform.python_version(), "args": vars(args), "prompts": prompts, "runs": []}
