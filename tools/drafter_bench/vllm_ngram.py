@@ -10,8 +10,9 @@ Two measurements:
   The outputs come from `pld bench run` (`--results`) or from tools/vllm/compare.py's plain
   greedy run inside vLLM (`--traces`, with each prompt's category). Counted per category: steps,
   drafts, drafted and accepted tokens.
-- Proposal time (`--timing`): CPU time per step for a batch of B rows of C tokens of context, one
-  token added to every row per step (vLLM's ngram rescans each row; pld updates an index).
+- Proposal time (`--timing`): CPU time (process time) per step for a batch of B rows of C tokens
+  of context, one token added to every row per step (vLLM's ngram rescans each row; pld updates
+  an index).
 
 vLLM's classes are imported from vLLM when it is installed; without vLLM, `--vllm-file` loads
 `ngram_proposer.py` from its source (it needs numpy, numba and torch). pld's proposer is given
@@ -171,18 +172,19 @@ def propose_time(make, k, corpus, rows, context, steps):
     batch = Batch(tokens, [f"req-{r}" for r in range(rows)], [context - steps] * rows)
     n = context - steps
     lengths = np.full(rows, n, dtype=np.int32)
-    started = time.perf_counter()
+    started = time.process_time()
     call(proposer, k, [[int(tokens[r, n - 1])] for r in range(rows)], lengths, tokens, batch)
     times = []
     for _ in range(steps):
         n += 1
         lengths[:] = n
         sampled = [[int(tokens[r, n - 1])] for r in range(rows)]
-        t = time.perf_counter()
+        t = time.process_time()
         call(proposer, k, sampled, lengths, tokens, batch)
-        times.append(time.perf_counter() - t)
-    first = time.perf_counter() - started - sum(times[WARM_STEPS:])
-    # The median step: on a shared machine a step now and then waits for the CPU.
+        times.append(time.process_time() - t)
+    first = time.process_time() - started - sum(times[WARM_STEPS:])
+    # CPU time of this process (all its threads), not wall time: on a shared machine a step now
+    # and then waits for a core. The median, as a step now and then also pays for a page fault.
     return first, float(np.median(times[WARM_STEPS:])), float(np.mean(times[WARM_STEPS:]))
 
 

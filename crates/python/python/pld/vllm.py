@@ -23,7 +23,7 @@ drafted row is nearly free); K is vLLM's `num_speculative_tokens`.
 tokens per step than vLLM's own `ngram` from fewer drafted tokens (docs/bench/vllm/README.md:
 qwen-coder-0.5b in vLLM, 30 grounded and Spec-Bench rows, 1.66 tokens a step from 6,803 drafted
 against 1.63 from 7,189; pld's 115 recorded turns, 1.82 from 46,713 against 1.76 from 50,112).
-`recent` drafted less but accepted less on the code edits and summaries; `earliest` drafts
+`recent`, pld's own default, accepted fewer on the code edits and summaries; `earliest` drafts
 exactly what vLLM's `ngram` drafts.
 
 vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`: K, or with
