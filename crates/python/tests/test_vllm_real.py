@@ -51,11 +51,12 @@ def generate(speculative_config=None, additional_config=None, max_num_seqs=2, ma
         kwargs["additional_config"] = additional_config
     llm = vllm.LLM(**kwargs)
     tokenizer = llm.get_tokenizer()
-    prompts = [
-        {"prompt_token_ids": tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                           add_generation_prompt=True, tokenize=True)}
-        for p in PROMPTS
-    ]
+    prompts = []
+    for p in PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 returns an encoding
+        prompts.append({"prompt_token_ids": [int(t) for t in ids]})
     outs = llm.generate(prompts, vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "drafted",
              "vllm:spec_decode_num_accepted_tokens": "accepted"}
