@@ -118,12 +118,14 @@ def test_the_vllm_proposer_drafts_each_row_from_its_own_tokens(adaptive):
         speculative_config=SimpleNamespace(num_speculative_tokens=k, prompt_lookup_min=0, prompt_lookup_max=0, method="custom_class"),
         model_config=SimpleNamespace(max_model_len=max_len),
         scheduler_config=SimpleNamespace(max_num_seqs=rows),
-        additional_config={"pld": {"prompt_lookup_min": 1, "prompt_lookup_max": 3, "adaptive": adaptive}},
+        additional_config={"pld": {"prompt_lookup_min": 1, "prompt_lookup_max": 3, "adaptive": adaptive,
+                                   "match_policy": "recent"}},
     )
     proposer = Proposer(config)
     assert proposer.config["num_speculative_tokens"] == k
     default = Proposer(SimpleNamespace(**{**vars(config), "additional_config": None}))
     assert default.config["adaptive"] is False, "full-length drafts by default inside vLLM"
+    assert default.config["match_policy"] == "scored", "vLLM's default policy (docs/bench/vllm)"
     with pytest.raises(ValueError, match="speculative_config"):
         Proposer(SimpleNamespace(**{**vars(config), "additional_config": {"pld": {"bogus": 1}}}))
     batch = Batch(rows, max_len, np)
@@ -201,3 +203,35 @@ def test_the_vllm_proposer_takes_a_per_step_draft_length():
     assert proposer.propose([[4]], [13], [row], num_speculative_tokens=0) == [[]]
     row[13] = 5
     assert proposer.propose([[5]], [14], [row], num_speculative_tokens=99) == [[6, 7, 8, 9, 1, 2]], "never past K"
+
+
+def test_the_vllm_proposer_follows_a_batch_size_schedule(monkeypatch):
+    # vLLM's own expansion of `num_speculative_tokens_per_batch_size`, stood in: 1 row drafts
+    # up to 6 (K), 2 or more rows 2.
+    import sys
+    import types
+
+    utils = types.ModuleType("vllm.v1.spec_decode.dynamic.utils")
+    utils.build_dynamic_sd_schedule_lookup = lambda schedule, vllm_max_batch_size, vllm_num_speculative_tokens: [
+        0, *[min(vllm_num_speculative_tokens, 6 if rows == 1 else 2) for rows in range(1, vllm_max_batch_size + 1)]
+    ]
+    for name in ("vllm", "vllm.v1", "vllm.v1.spec_decode", "vllm.v1.spec_decode.dynamic"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=6, prompt_lookup_min=0, prompt_lookup_max=0,
+                                           method="custom_class",
+                                           num_speculative_tokens_per_batch_size=[(1, 1, 6), (2, 4, 2)]),
+        model_config=SimpleNamespace(max_model_len=64),
+        scheduler_config=SimpleNamespace(max_num_seqs=4),
+        additional_config={"pld": {"prompt_lookup_max": 3}},
+    )
+    proposer = Proposer(config)
+    row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2] + [0] * 53
+    assert proposer.propose([[2]], [11], [row]) == [[3, 4, 5, 6, 7, 8]], "one row: K"
+    row[11] = 3
+    other = [5, 6, 7, 5, 6] + [0] * 59
+    assert proposer.propose([[3], [6]], [12, 5], [row, other]) == [[4, 5], [7, 5]], "two rows: 2 each"
+    row[12] = 4
+    assert proposer.propose([[4], []], [13, 5], [row, other], num_speculative_tokens=1) == [[5], []], \
+        "a length passed in wins"

@@ -9,21 +9,30 @@
         additional_config={"pld": {"prompt_lookup_min": 1, "prompt_lookup_max": 4}},
     )
 
-vLLM (0.33) builds the class in each worker with its `VllmConfig` and calls
+vLLM (0.32 and 0.33) builds the class in each worker with its `VllmConfig` and calls
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` after every
 step with the rows of its persistent batch: the tokens each row accepted this step, every row's
 length, and the batch's token array. It names the class in `speculative_config["model"]` and sets
 `prompt_lookup_min/max` to 0 for a custom class, so pld's own settings go in
 `additional_config["pld"]` (vLLM's names: `prompt_lookup_min`, `prompt_lookup_max`,
-`match_policy` (`recent`, the default, `earliest`, `longest` or `scored`: see `MatchPolicy` in the
-drafting crate), `adaptive`, which is off by default here: on a GPU a drafted row is nearly free);
-K is vLLM's `num_speculative_tokens`.
+`match_policy` (`scored`, the default here, `recent`, pld's own default, `earliest`, `longest`:
+see `MatchPolicy` in the drafting crate), `adaptive`, which is off by default here: on a GPU a
+drafted row is nearly free); K is vLLM's `num_speculative_tokens`.
 
-vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`, K unless a
-dynamic schedule by batch size lowers it) and hands it to its own `ngram` and `suffix` proposers as
-their first argument; its `custom_class` call passes no length (`gpu_model_runner.py` of vLLM's
-main branch as read for issue 40), so K applies. `propose` takes the length as the keyword
-`num_speculative_tokens`, for a caller that has it.
+`scored` is the default inside vLLM because on the recorded greedy outputs it replayed to more
+tokens per step than vLLM's own `ngram` from fewer drafted tokens (docs/bench/vllm/README.md:
+qwen-coder-0.5b in vLLM, 30 grounded and Spec-Bench rows, 1.66 tokens a step from 6,803 drafted
+against 1.63 from 7,189; pld's 115 recorded turns, 1.82 from 46,713 against 1.76 from 50,112).
+`recent`, pld's own default, accepted fewer on the code edits and summaries; `earliest` drafts
+exactly what vLLM's `ngram` drafts.
+
+vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`: K, or with
+`speculative_config["num_speculative_tokens_per_batch_size"]` the K its schedule gives the step's
+batch size) and hands it to its own `ngram` and `suffix` proposers as their first argument; its
+`custom_class` call passes no length (`gpu_model_runner.py` of vLLM 0.32). So the proposer builds
+the same schedule with vLLM's own function and looks it up by the step's number of rows (vLLM
+looks it up by the number of scheduled requests, which is the rows of its batch). `propose` also
+takes the length as the keyword `num_speculative_tokens`, for a caller that passes it.
 
 vLLM's own n-gram proposer rescans each row's whole context every step. This one keeps a pld
 drafter per request, updated with the tokens each step accepted, so a proposal costs the same at
@@ -81,6 +90,23 @@ class _Tracked:
             self.head = (self.head + tuple(tokens))[:HEAD]
 
 
+def _dynamic_schedule(vllm_config: Any, k: int) -> Optional[List[int]]:
+    """vLLM's draft length by batch size (index: the number of rows), where the config sets
+    `num_speculative_tokens_per_batch_size`; None otherwise."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return None
+    max_rows = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 0) or 256)
+    try:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+    except ImportError:  # a vLLM without dynamic schedules would not have set one
+        return None
+    return build_dynamic_sd_schedule_lookup(
+        schedule, vllm_max_batch_size=max_rows, vllm_num_speculative_tokens=k
+    )
+
+
 class Proposer:
     """vLLM's custom proposer (`speculative_config={"method": "custom_class", "model":
     "pld.vllm.Proposer", ...}`): one pld drafter per request of the persistent batch."""
@@ -99,8 +125,12 @@ class Proposer:
         # On a GPU a drafted row costs next to nothing, so drafts go out at full length unless
         # asked otherwise (pld's adaptive length is priced for its own CPU kernels).
         config.setdefault("adaptive", False)
+        # What the earlier occurrences agree on, not one picked by position: more accepted from
+        # fewer drafted tokens than vLLM's ngram on the recorded outputs (see above).
+        config.setdefault("match_policy", "scored")
         Drafter([], config)  # a bad setting fails now, in the worker's start-up
         self.config = config
+        self._k_by_batch = _dynamic_schedule(vllm_config, self.k)
         self._rows: List[Optional[_Tracked]] = []
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -120,6 +150,9 @@ class Proposer:
         row still in prefill). `num_speculative_tokens` caps this step's drafts below K (vLLM's
         per-step draft length; None: K); the rows' drafters are updated whatever it is."""
         k = self.k
+        if num_speculative_tokens is None and self._k_by_batch and sampled_token_ids:
+            rows = min(len(sampled_token_ids), len(self._k_by_batch) - 1)
+            num_speculative_tokens = self._k_by_batch[rows]
         if num_speculative_tokens is not None:
             k = max(0, min(k, int(num_speculative_tokens)))
         previous = self._rows
