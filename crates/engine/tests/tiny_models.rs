@@ -99,33 +99,53 @@ fn all_logits(lm: &LoadedModel, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {
 
 #[test]
 fn tiny_models_cover_every_architecture() {
-    let archs: Vec<String> = models().iter().map(|(r, _)| r.arch.clone()).collect();
-    for arch in ["llama", "qwen3", "gemma3", "phi3"] {
+    let models = models();
+    let archs: Vec<String> = models.iter().map(|(r, _)| r.arch.clone()).collect();
+    for arch in ["llama", "qwen3", "qwen3moe", "gemma3", "phi3"] {
         assert!(archs.iter().any(|a| a == arch), "no tiny {arch} model");
     }
+    // Mixtral: llama files with experts.
+    let mixtures: Vec<(&str, &str)> = models
+        .iter()
+        .filter(|(_, lm)| lm.model.config.moe.is_some())
+        .map(|(r, _)| (r.name.as_str(), r.arch.as_str()))
+        .collect();
+    assert_eq!(mixtures, [("mixtral", "llama"), ("qwen3moe", "qwen3moe")]);
 }
 
 /// Compares every position's log-probabilities with the reference's top 8 (or only its top 1),
 /// and the argmax wherever the reference leads by more than twice the tolerance; returns the
-/// largest difference.
-fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool) -> f32 {
+/// largest difference. Up to `outliers` positions (out of all the cases') may lie beyond the
+/// tolerance; they are left out of the largest difference and reported.
+fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool, outliers: usize) -> f32 {
     let vocab = lm.model.config.vocab_size;
     let mut worst = 0f32;
+    let mut beyond = Vec::new();
     for (ci, case) in r.cases.iter().enumerate() {
         let mut cache = lm.model.new_cache(case.ids.len());
         let rows = all_logits(lm, &case.ids, &mut cache);
         for (j, top) in case.top.iter().enumerate() {
             let row = &rows[j * vocab..(j + 1) * vocab];
             let lp = log_softmax(row);
-            for &(id, ref_lp) in &top[..if top1_only { 1 } else { top.len() }] {
-                let diff = (lp[id as usize] - ref_lp).abs();
-                worst = worst.max(diff);
-                assert!(
-                    diff <= tol,
-                    "{} case {ci} position {j}: log p({id}) = {}, transformers {ref_lp}",
-                    r.name,
-                    lp[id as usize]
+            let diffs: Vec<(u32, f32, f32)> = top[..if top1_only { 1 } else { top.len() }]
+                .iter()
+                .map(|&(id, ref_lp)| (id, lp[id as usize], ref_lp))
+                .collect();
+            let far = diffs
+                .iter()
+                .find(|(_, ours, theirs)| (ours - theirs).abs() > tol);
+            if let Some(&(id, ours, theirs)) = far {
+                let what = format!(
+                    "{} case {ci} position {j}: log p({id}) = {ours}, transformers {theirs}",
+                    r.name
                 );
+                assert!(beyond.len() < outliers, "{what}");
+                eprintln!("{what} (one of the {outliers} allowed beyond {tol})");
+                beyond.push(what);
+                continue;
+            }
+            for (_, ours, theirs) in diffs {
+                worst = worst.max((ours - theirs).abs());
             }
             if top[0].1 - top[1].1 > 2.0 * tol {
                 let argmax = engine::sampling::argmax(row);
@@ -139,7 +159,7 @@ fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool) -> f32 {
 #[test]
 fn tiny_logits_match_transformers_exactly_in_f32() {
     for (r, lm) in models_f32() {
-        let worst = compare(&r, &lm, EXACT, false);
+        let worst = compare(&r, &lm, EXACT, false, 0);
         eprintln!(
             "{} ({}, {} as f32): largest difference {worst:.2e}",
             r.name, r.arch, r.weights
@@ -147,10 +167,25 @@ fn tiny_logits_match_transformers_exactly_in_f32() {
     }
 }
 
+/// Positions of the served comparison that may lie beyond its tolerance. A mixture of experts
+/// routes each row to its best-scored experts, and where two scores nearly tie, the noise of
+/// 8-bit activations can choose the other one: that row's output then differs by the two
+/// experts' difference (measured on the Q8_0 Mixtral: 10.8 nats at one position of 76, 0.8 at
+/// one more; every other within 0.6). In f32 the choices are transformers' (the test above), and
+/// the served path is checked bit for bit against itself (batched, speculative, cached).
+fn served_outliers(r: &Reference, lm: &LoadedModel) -> usize {
+    let positions: usize = r.cases.iter().map(|c| c.top.len()).sum();
+    match (&lm.model.config.moe, r.weights.as_str()) {
+        (Some(_), w) if w != "F32" => positions / 20,
+        _ => 0,
+    }
+}
+
 #[test]
 fn tiny_logits_as_served_stay_near_transformers() {
     for (r, lm) in models() {
-        let worst = compare(&r, &lm, served_tolerance(&r.weights), true);
+        let tol = served_tolerance(&r.weights);
+        let worst = compare(&r, &lm, tol, true, served_outliers(&r, &lm));
         eprintln!(
             "{} ({}, {}): largest top-1 difference {worst:.2e}",
             r.name, r.arch, r.weights
@@ -384,7 +419,49 @@ fn unknown_architecture_is_named() {
     };
     std::fs::remove_file(&path).ok();
     assert!(err.contains("'mamba'"), "{err}");
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
+    for arch in ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"] {
         assert!(err.contains(arch), "{err} should list {arch}");
+    }
+}
+
+/// `tiny/<file>` with every `from` in its bytes (metadata keys and values) replaced by `to`, of
+/// the same length, loaded: the error it gives.
+fn load_patched(file: &str, from: &[u8], to: &[u8]) -> String {
+    let mut bytes = std::fs::read(tiny_dir().join(file)).unwrap();
+    let mut replaced = 0;
+    for i in 0..bytes.len().saturating_sub(from.len()) {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            replaced += 1;
+        }
+    }
+    assert!(replaced > 5, "the architecture name and its keys");
+    let name = String::from_utf8_lossy(to);
+    let path = std::env::temp_dir().join(format!("pld-{name}-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let result = LoadedModel::load(&path);
+    std::fs::remove_file(&path).ok();
+    match result {
+        Ok(_) => panic!("a {name} model loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Mixtures of experts pld does not run are refused as such, by name, with the mixtures it runs:
+/// a known family (qwen2moe, the tiny Qwen3-MoE renamed), and any unknown architecture whose
+/// file declares experts (the tiny Mixtral's "llama" renamed "mamba").
+#[test]
+fn unsupported_mixtures_are_named() {
+    for (file, from, to) in [
+        ("qwen3moe.gguf", &b"qwen3moe"[..], &b"qwen2moe"[..]),
+        ("mixtral.gguf", b"llama", b"mamba"),
+    ] {
+        let err = load_patched(file, from, to);
+        let name = String::from_utf8_lossy(to);
+        assert!(
+            err.contains(&format!("'{name}' is a mixture-of-experts model")),
+            "{err}"
+        );
+        assert!(err.contains("qwen3moe") && err.contains("mixtral"), "{err}");
     }
 }
