@@ -465,3 +465,79 @@ fn unsupported_mixtures_are_named() {
         assert!(err.contains("qwen3moe") && err.contains("mixtral"), "{err}");
     }
 }
+
+/// Seeded sampling through chains, trees and plain decoding: each setting gives the same tokens
+/// again for the same seed, and every token's reported log-probabilities are, bit for bit, those
+/// of the row a one-token-at-a-time pass over the same tokens gives (the verifier read rows equal
+/// to plain decoding's, whatever else shared their passes).
+#[test]
+fn tiny_sampled_speculation_reads_plain_rows() {
+    let mut accepted = 0;
+    for (r, lm) in models() {
+        let vocab = lm.model.config.vocab_size;
+        for (name, config) in reuse_configs() {
+            let mut config = config.clone();
+            config.sampling.do_sample = true;
+            config.sampling.temperature = 0.9;
+            config.seed = Some(11);
+            let ids = &r.cases[2].ids;
+            let run = || generate_with(&lm, ids, config.clone());
+            let (a, b) = (run(), run());
+            assert_eq!(a.token_ids, b.token_ids, "{} {name}: same seed", r.name);
+            accepted += a.stats.accepted_tokens;
+            let mut cache = lm.model.new_cache(ids.len() + a.token_ids.len());
+            let mut rows = all_logits(&lm, &ids[..ids.len() - 1], &mut cache);
+            rows.clear();
+            let fed = std::iter::once(ids[ids.len() - 1]).chain(a.token_ids.iter().copied());
+            for t in fed.take(a.logprobs.len()) {
+                rows.extend(all_logits(&lm, &[t], &mut cache));
+            }
+            for (i, lp) in a.logprobs.iter().enumerate() {
+                let row = &rows[i * vocab..(i + 1) * vocab];
+                let plain = engine::TokenLogprob::from_logits(row, lp.token, 3);
+                assert!(*lp == plain, "{} {name}: token {i}", r.name);
+            }
+        }
+    }
+    assert!(accepted > 0, "no sampled draft was ever accepted");
+}
+
+/// Several sequences stepped together (a tree, a chain and a sampled chain over different
+/// prompts, so that a mixture's experts gather rows of several sequences) each give what they
+/// give alone.
+#[test]
+fn tiny_sequences_batched_together_give_their_own_output() {
+    for (r, lm) in models() {
+        let configs: Vec<GenerationConfig> = reuse_configs()
+            .into_iter()
+            .filter(|(name, _)| *name != "plain")
+            .map(|(_, c)| c)
+            .collect();
+        let mut seqs: Vec<engine::Sequence> = r
+            .cases
+            .iter()
+            .zip(&configs)
+            .map(|(case, c)| {
+                engine::Sequence::new(&lm.model, case.ids.clone(), c.clone(), 256).unwrap()
+            })
+            .collect();
+        while seqs.iter().any(|s| !s.is_finished()) {
+            let mut refs: Vec<&mut engine::Sequence> = seqs.iter_mut().collect();
+            engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
+        }
+        for ((seq, case), c) in seqs.into_iter().zip(&r.cases).zip(&configs) {
+            let alone = generate_with(&lm, &case.ids, c.clone());
+            let out = seq.into_output();
+            assert_eq!(alone.token_ids, out.token_ids, "{}", r.name);
+            assert!(alone.logprobs == out.logprobs, "{}", r.name);
+        }
+    }
+}
+
+fn generate_with(
+    lm: &LoadedModel,
+    ids: &[u32],
+    config: GenerationConfig,
+) -> engine::GenerationOutput {
+    engine::generate(&lm.model, &lm.tokenizer, ids.to_vec(), config, 256, |_| {}).unwrap()
+}
