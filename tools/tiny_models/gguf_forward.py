@@ -20,7 +20,8 @@ file instead computes the logits the way a GGUF consumer does:
   * mixtures of experts (`qwen3moe`, `llama` with `expert_count`): softmax over the router's
     (`ffn_gate_inp`) scores, the `expert_used_count` most likely experts, their probabilities
     renormalised to sum 1 unless `expert_weights_norm` is false, each expert's SwiGLU over its
-    slice of `ffn_{gate,up,down}_exps`, added with those weights.
+    slice of `ffn_{gate,up,down}_exps` (or its own `ffn_{gate,up,down}.<e>.weight`), added with
+    those weights.
 
 Run standalone to check every reference in crates/engine/tests/tiny:
   /work/pyenv/venv/bin/python tools/tiny_models/gguf_forward.py
@@ -109,10 +110,15 @@ class GgufModel:
             if self.expert_norm:
                 weights = weights / weights.sum()
             for e, w in zip(chosen, weights):
-                gate = t[p + "ffn_gate_exps.weight"][e] @ h[r]
-                up = t[p + "ffn_up_exps.weight"][e] @ h[r]
-                out[r] += w * (t[p + "ffn_down_exps.weight"][e] @ (silu(gate) * up))
+                gate, up, down = (self.expert(p, kind, e) for kind in ("gate", "up", "down"))
+                out[r] += w * (down @ (silu(gate @ h[r]) * (up @ h[r])))
         return out
+
+    def expert(self, p: str, kind: str, e: int) -> np.ndarray:
+        """Expert `e`'s matrix: its slice of the 3-D `ffn_<kind>_exps`, or its own 2-D
+        `ffn_<kind>.<e>.weight` (the older Mixtral layout)."""
+        merged = self.t.get(p + f"ffn_{kind}_exps.weight")
+        return merged[e] if merged is not None else self.t[p + f"ffn_{kind}.{e}.weight"]
 
     def logits(self, ids: list[int]) -> np.ndarray:
         t, T, hd = self.t, len(ids), self.hd

@@ -204,6 +204,9 @@ class TensorSpec:
     # Rows a..b of the parameter's second-to-last axis, where one parameter is stored as several
     # tensors (transformers' fused expert gate_up_proj as GGUF's ffn_gate_exps and ffn_up_exps).
     part: tuple[int, int] | None = None
+    # One expert (an index along the first axis) of a 3-D parameter, stored as its own tensor
+    # (the older GGUF layout of Mixtral); `part` then applies within it.
+    expert: int | None = None
 
 
 @dataclass
@@ -602,6 +605,8 @@ def encode(spec: TensorSpec, model) -> tuple[np.ndarray, QT, np.ndarray]:
         w = spec.value.astype(np.float32)
     else:
         w = model.get_parameter(spec.hf_name).detach().numpy().astype(np.float32)
+        if spec.expert is not None:
+            w = w[spec.expert]
         if spec.part is not None:
             w = w[..., spec.part[0]:spec.part[1], :]
         w = spec.to_gguf(w)
@@ -623,6 +628,8 @@ def load_decoded(model, specs: list[TensorSpec], decoded: dict[str, np.ndarray])
                 continue
             w = s.from_gguf(decoded[s.gguf_name])
             p = model.get_parameter(s.hf_name)
+            if s.expert is not None:
+                p = p[s.expert]
             if s.part is not None:
                 p = p[..., s.part[0]:s.part[1], :]
             assert tuple(w.shape) == tuple(p.shape), (s.gguf_name, w.shape, p.shape)

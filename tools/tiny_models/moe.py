@@ -30,25 +30,30 @@ MOE_LAYER_MAP = {  # attention and norms; the feed-forward block is `moe_specs`'
 }
 
 
-def moe_specs(mk, model, expert_type):
-    """Every layer's router and experts (`expert_type`: the experts' storage type)."""
+def moe_specs(mk, model, expert_type, split: bool):
+    """Every layer's router and experts (`expert_type`: the experts' storage type): as 3-D
+    `ffn_*_exps` tensors, or with `split` as one 2-D tensor per expert (`ffn_gate.<e>.weight`...),
+    the layout of Mixtral files converted before llama.cpp merged them."""
     ff = EXPERT_FF
+    kinds = [("gate", "experts.gate_up_proj", (0, ff)), ("up", "experts.gate_up_proj", (ff, 2 * ff)),
+             ("down", "experts.down_proj", None)]
     specs = []
     for i in range(model.config.num_hidden_layers):
         p, h = f"blk.{i}.", f"model.layers.{i}.mlp."
-        specs += [
-            mk.TensorSpec(p + "ffn_gate_inp.weight", h + "gate.weight", qtype=QT.F32),
-            mk.TensorSpec(p + "ffn_gate_exps.weight", h + "experts.gate_up_proj", qtype=expert_type, part=(0, ff)),
-            mk.TensorSpec(p + "ffn_up_exps.weight", h + "experts.gate_up_proj", qtype=expert_type, part=(ff, 2 * ff)),
-            mk.TensorSpec(p + "ffn_down_exps.weight", h + "experts.down_proj", qtype=expert_type),
-        ]
+        specs.append(mk.TensorSpec(p + "ffn_gate_inp.weight", h + "gate.weight", qtype=QT.F32))
+        for kind, param, part in kinds:
+            if split:
+                specs += [mk.TensorSpec(p + f"ffn_{kind}.{e}.weight", h + param, qtype=expert_type, part=part, expert=e)
+                          for e in range(EXPERTS)]
+            else:
+                specs.append(mk.TensorSpec(p + f"ffn_{kind}_exps.weight", h + param, qtype=expert_type, part=part))
     return specs
 
 
-def specs_with_experts(mk, model, layer_map, matrix_type, *, permute):
+def specs_with_experts(mk, model, layer_map, matrix_type, *, permute, split=False):
     specs = mk.standard_specs(model, layer_map, matrix_type, permute=permute, gemma_norms=False, tied=False)
     at = next(i for i, s in enumerate(specs) if s.gguf_name == "output_norm.weight")
-    return specs[:at] + moe_specs(mk, model, matrix_type("experts")) + specs[at:]
+    return specs[:at] + moe_specs(mk, model, matrix_type("experts"), split) + specs[at:]
 
 
 def expert_metadata(model):
@@ -132,4 +137,9 @@ def models(mk):
                     lambda m: specs_with_experts(mk, m, MOE_LAYER_MAP, lambda n: QT.Q8_0, permute=True),
                     mixtral_metadata, check_mixtral,
                     weights_detail="Q8_0 matrices (experts, token_embd and output too); router and norms F32"),
+        # The same model (same seed, so the same weights and references) in the older layout.
+        mk.ModelDef("mixtral-split", "llama", "Q8_0", 8096, lambda tok: build_mixtral(mk, tok),
+                    lambda m: specs_with_experts(mk, m, MOE_LAYER_MAP, lambda n: QT.Q8_0, permute=True, split=True),
+                    mixtral_metadata, check_mixtral,
+                    weights_detail="as mixtral, each expert's matrices their own 2-D tensors (ffn_gate.<e>.weight)"),
     ]

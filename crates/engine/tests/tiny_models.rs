@@ -104,13 +104,21 @@ fn tiny_models_cover_every_architecture() {
     for arch in ["llama", "qwen3", "qwen3moe", "gemma3", "phi3"] {
         assert!(archs.iter().any(|a| a == arch), "no tiny {arch} model");
     }
-    // Mixtral: llama files with experts.
+    // Mixtral: llama files with experts, in llama.cpp's 3-D layout and the older one tensor per
+    // expert (the same weights, so the same references).
     let mixtures: Vec<(&str, &str)> = models
         .iter()
         .filter(|(_, lm)| lm.model.config.moe.is_some())
         .map(|(r, _)| (r.name.as_str(), r.arch.as_str()))
         .collect();
-    assert_eq!(mixtures, [("mixtral", "llama"), ("qwen3moe", "qwen3moe")]);
+    assert_eq!(
+        mixtures,
+        [
+            ("mixtral-split", "llama"),
+            ("mixtral", "llama"),
+            ("qwen3moe", "qwen3moe")
+        ]
+    );
 }
 
 /// Compares every position's log-probabilities with the reference's top 8 (or only its top 1),
@@ -540,4 +548,20 @@ fn generate_with(
     config: GenerationConfig,
 ) -> engine::GenerationOutput {
     engine::generate(&lm.model, &lm.tokenizer, ids.to_vec(), config, 256, |_| {}).unwrap()
+}
+
+/// Mixtral's two GGUF layouts of the same weights (llama.cpp's 3-D `ffn_*_exps`, and one 2-D
+/// tensor per expert) give the same logits, bit for bit.
+#[test]
+fn tiny_mixtral_layouts_agree_bit_for_bit() {
+    let models = models();
+    let [merged, split] = ["mixtral", "mixtral-split"]
+        .map(|name| models.iter().find(|(r, _)| r.name == name).expect(name));
+    for case in &merged.0.cases {
+        let logits = |lm: &LoadedModel| {
+            let mut cache = lm.model.new_cache(case.ids.len());
+            all_logits(lm, &case.ids, &mut cache)
+        };
+        assert!(logits(&merged.1) == logits(&split.1));
+    }
 }

@@ -9,7 +9,7 @@
 //! bit-identical to plain decoding.
 
 use crate::config::MoeConfig;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kernels::{self, Isa, QMatrix};
 use crate::weights::{self, Precision};
@@ -32,8 +32,9 @@ pub(super) struct Mixture {
 pub(super) type ActivationFn = fn(&mut [f32], &[f32]);
 
 impl Mixture {
-    /// Layer `layer`'s router and experts (llama.cpp's names: `ffn_gate_inp` and the 3-D
-    /// `ffn_{gate,up,down}_exps`, one slice per expert).
+    /// Layer `layer`'s router and experts (llama.cpp's names: `ffn_gate_inp`, and the 3-D
+    /// `ffn_{gate,up,down}_exps`, one slice per expert, or in Mixtral files converted before
+    /// llama.cpp merged them, one 2-D `ffn_{gate,up,down}.<e>.weight` per expert).
     pub(super) fn load(
         file: &GgufFile,
         layer: usize,
@@ -43,25 +44,27 @@ impl Mixture {
         isa: Isa,
     ) -> Result<Self> {
         let p = |s: &str| format!("blk.{layer}.{s}");
-        if !file.has_tensor(&p("ffn_gate_exps.weight")) && file.has_tensor(&p("ffn_gate.0.weight"))
-        {
-            return Err(EngineError::BadMetadata(format!(
-                "the experts are stored one tensor each ('{}', an older llama.cpp layout of \
-                 Mixtral), which pld does not read: convert the model again with a current \
-                 llama.cpp, which stores each layer's experts as one tensor ('{}')",
-                p("ffn_gate.0.weight"),
-                p("ffn_gate_exps.weight")
-            )));
-        }
         let (d, ff, count) = (d_model, moe.d_ff, moe.count);
         let router =
             weights::product_matrix(file, &p("ffn_gate_inp.weight"), count, d, precision, isa)?;
-        let exps = |name: &str, shape| {
-            weights::expert_matrices(file, &p(name), count, shape, precision, isa)
+        let one_per_expert = !file.has_tensor(&p("ffn_gate_exps.weight"))
+            && file.has_tensor(&p("ffn_gate.0.weight"));
+        let exps = |kind: &str, (rows, cols): (usize, usize)| -> Result<Vec<QMatrix>> {
+            if one_per_expert {
+                (0..count)
+                    .map(|e| {
+                        let name = p(&format!("ffn_{kind}.{e}.weight"));
+                        weights::product_matrix(file, &name, rows, cols, precision, isa)
+                    })
+                    .collect()
+            } else {
+                let name = p(&format!("ffn_{kind}_exps.weight"));
+                weights::expert_matrices(file, &name, count, (rows, cols), precision, isa)
+            }
         };
-        let gate = exps("ffn_gate_exps.weight", (ff, d))?;
-        let up = exps("ffn_up_exps.weight", (ff, d))?;
-        let down = exps("ffn_down_exps.weight", (d, ff))?;
+        let gate = exps("gate", (ff, d))?;
+        let up = exps("up", (ff, d))?;
+        let down = exps("down", (d, ff))?;
         let experts = gate
             .into_iter()
             .zip(up)
