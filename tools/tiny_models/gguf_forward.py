@@ -16,7 +16,12 @@ file instead computes the logits the way a GGUF consumer does:
     whose RoPE base is 10000 while global layers use `rope.freq_base`;
   * gemma3: embeddings times sqrt(d_model), stored norm weights used as is (they hold 1 + w),
     post-attention and post-ffn norms, GELU (tanh) gate; tied output = token_embd;
-  * phi3: `attn_qkv` rows [q; k; v], `ffn_up` rows [gate; up].
+  * phi3: `attn_qkv` rows [q; k; v], `ffn_up` rows [gate; up];
+  * mixtures of experts (`qwen3moe`, `llama` with `expert_count`): softmax over the router's
+    (`ffn_gate_inp`) scores, the `expert_used_count` most likely experts, their probabilities
+    renormalised to sum 1 unless `expert_weights_norm` is false, each expert's SwiGLU over its
+    slice of `ffn_{gate,up,down}_exps` (or its own `ffn_{gate,up,down}.<e>.weight`), added with
+    those weights.
 
 Run standalone to check every reference in crates/engine/tests/tiny:
   /work/pyenv/venv/bin/python tools/tiny_models/gguf_forward.py
@@ -48,6 +53,8 @@ class GgufModel:
         self.base = meta("rope.freq_base")
         self.window = meta("attention.sliding_window")
         self.attn_factor = meta("rope.scaling.attn_factor", 1.0)
+        self.used = meta("expert_used_count")
+        self.expert_norm = meta("expert_weights_norm", True)
         self.t = {}
         for t in r.tensors:
             shape = tuple(int(x) for x in reversed(t.shape))
@@ -90,6 +97,29 @@ class GgufModel:
             out[..., h:] = a * sin + b * cos
         return out
 
+    def experts(self, h: np.ndarray, p: str) -> np.ndarray:
+        """A mixture-of-experts block over the normalized rows `h` [T, d]."""
+        t = self.t
+        scores = h @ t[p + "ffn_gate_inp.weight"].T
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            chosen = np.argsort(-probs[r], kind="stable")[: self.used]
+            weights = probs[r, chosen]
+            if self.expert_norm:
+                weights = weights / weights.sum()
+            for e, w in zip(chosen, weights):
+                gate, up, down = (self.expert(p, kind, e) for kind in ("gate", "up", "down"))
+                out[r] += w * (down @ (silu(gate @ h[r]) * (up @ h[r])))
+        return out
+
+    def expert(self, p: str, kind: str, e: int) -> np.ndarray:
+        """Expert `e`'s matrix: its slice of the 3-D `ffn_<kind>_exps`, or its own 2-D
+        `ffn_<kind>.<e>.weight` (the older Mixtral layout)."""
+        merged = self.t.get(p + f"ffn_{kind}_exps.weight")
+        return merged[e] if merged is not None else self.t[p + f"ffn_{kind}.{e}.weight"]
+
     def logits(self, ids: list[int]) -> np.ndarray:
         t, T, hd = self.t, len(ids), self.hd
         x = t["token_embd.weight"][ids]
@@ -126,20 +156,27 @@ class GgufModel:
                 o = self.norm(o, t[p + "post_attention_norm.weight"])
             x = x + o
             h = self.norm(x, t[p + "ffn_norm.weight"])
+            if p + "ffn_gate_inp.weight" in t:
+                x = x + self.experts(h, p)
+                continue
             if self.arch == "phi3":
                 gate, up = np.split(h @ t[p + "ffn_up.weight"].T, 2, axis=-1)
             else:
                 gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
             if self.arch == "gemma3":  # gelu, tanh approximation
                 act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
-            else:  # silu
-                act = gate / (1 + np.exp(-gate))
+            else:
+                act = silu(gate)
             f = (act * up) @ t[p + "ffn_down.weight"].T
             if self.arch == "gemma3":
                 f = self.norm(f, t[p + "post_ffw_norm.weight"])
             x = x + f
         x = self.norm(x, t["output_norm.weight"])
         return x @ t.get("output.weight", t["token_embd.weight"]).T
+
+
+def silu(z: np.ndarray) -> np.ndarray:
+    return z / (1 + np.exp(-z))
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

@@ -201,6 +201,12 @@ class TensorSpec:
     from_gguf: Callable[[np.ndarray], np.ndarray] = lambda w: w
     qtype: QT = QT.F32
     value: np.ndarray | None = None  # for non-parameter tensors
+    # Rows a..b of the parameter's second-to-last axis, where one parameter is stored as several
+    # tensors (transformers' fused expert gate_up_proj as GGUF's ffn_gate_exps and ffn_up_exps).
+    part: tuple[int, int] | None = None
+    # One expert (an index along the first axis) of a 3-D parameter, stored as its own tensor
+    # (the older GGUF layout of Mixtral); `part` then applies within it.
+    expert: int | None = None
 
 
 @dataclass
@@ -559,6 +565,10 @@ MODELS = [
              weights_detail="Q4_0 attn_q/k/v/output, ffn_gate/up; Q5_0 ffn_down; Q8_0 token_embd (tied); norms F32"),
 ]
 
+import moe  # noqa: E402  (the mixture-of-experts models, built from this module's pieces)
+
+MODELS += moe.models(sys.modules[__name__])
+
 
 # --------------------------------------------------------------------------------------------
 # Weights
@@ -594,7 +604,12 @@ def encode(spec: TensorSpec, model) -> tuple[np.ndarray, QT, np.ndarray]:
     if spec.value is not None:
         w = spec.value.astype(np.float32)
     else:
-        w = spec.to_gguf(model.get_parameter(spec.hf_name).detach().numpy().astype(np.float32))
+        w = model.get_parameter(spec.hf_name).detach().numpy().astype(np.float32)
+        if spec.expert is not None:
+            w = w[spec.expert]
+        if spec.part is not None:
+            w = w[..., spec.part[0]:spec.part[1], :]
+        w = spec.to_gguf(w)
     w = np.ascontiguousarray(w)
     if spec.qtype == QT.F32:
         return w, QT.F32, w.copy()
@@ -613,6 +628,10 @@ def load_decoded(model, specs: list[TensorSpec], decoded: dict[str, np.ndarray])
                 continue
             w = s.from_gguf(decoded[s.gguf_name])
             p = model.get_parameter(s.hf_name)
+            if s.expert is not None:
+                p = p[s.expert]
+            if s.part is not None:
+                p = p[..., s.part[0]:s.part[1], :]
             assert tuple(w.shape) == tuple(p.shape), (s.gguf_name, w.shape, p.shape)
             p.copy_(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
 
@@ -794,6 +813,7 @@ def attempt(mdef: ModelDef, tok: Tokenizer, prompts: list[list[int]], seed: int)
     torch.manual_seed(seed)
     model = mdef.build(tok)
     model._tiny_tok = tok
+    model._tiny_prompts = prompts
     reinit(model, torch.Generator().manual_seed(seed), gemma_norms=mdef.gemma_norms,
            control_ids=tok.first_normal, out_std=mdef.out_std)
 

@@ -18,13 +18,51 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with a mixture of experts in every layer.
+    Qwen3Moe,
     Gemma3,
     Phi3,
 }
 
 /// The `general.architecture` names pld runs, for error messages.
 pub const SUPPORTED_ARCHITECTURES: &str =
-    "llama (Llama 2/3, SmolLM2, Mistral), qwen2, qwen3, gemma3, phi3";
+    "llama (Llama 2/3, SmolLM2, Mistral, Mixtral), qwen2, qwen3, qwen3moe, gemma3, phi3";
+
+/// The mixture-of-experts families pld runs, for error messages.
+pub const SUPPORTED_MIXTURES: &str = "qwen3moe, mixtral (llama with experts)";
+
+/// `general.architecture` names of mixture-of-experts families pld does not run (yet): refused as
+/// such rather than as unknown. A file of any other unknown architecture that declares experts
+/// (`<arch>.expert_count`) is refused the same way.
+const UNSUPPORTED_MIXTURES: &[&str] = &[
+    "gpt-oss",
+    "qwen2moe",
+    "qwen3next",
+    "qwen3vlmoe",
+    "deepseek",
+    "deepseek2",
+    "granitemoe",
+    "granitehybrid",
+    "olmoe",
+    "phimoe",
+    "dbrx",
+    "arctic",
+    "grok",
+    "jamba",
+    "llama4",
+    "glm4moe",
+    "ernie4_5-moe",
+    "hunyuan-moe",
+    "bailingmoe",
+    "bailingmoe2",
+    "dots1",
+    "exaone-moe",
+    "smallthinker",
+    "lfm2moe",
+    "afmoe",
+    "grovemoe",
+    "minimax-m2",
+];
 
 impl Architecture {
     pub fn from_name(name: &str) -> Option<Self> {
@@ -32,6 +70,7 @@ impl Architecture {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
+            "qwen3moe" => Architecture::Qwen3Moe,
             "gemma3" => Architecture::Gemma3,
             "phi3" => Architecture::Phi3,
             _ => return None,
@@ -82,6 +121,31 @@ pub struct Family {
     pub global_every: Option<usize>,
     /// With a sliding window: the base of the windowed layers' RoPE, when it differs.
     pub local_rope_base: Option<f32>,
+    /// Whether the feed-forward blocks are mixtures of experts.
+    pub experts: ExpertRule,
+}
+
+/// Where a family's feed-forward blocks are mixtures of experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertRule {
+    /// Dense: a file declaring experts is refused.
+    Never,
+    /// Where the file declares experts (`<arch>.expert_count`): llama files of Mixtral.
+    WhenDeclared,
+    /// Always: the expert metadata is required.
+    Always,
+}
+
+/// A layer's mixture of experts: a router (`ffn_gate_inp`) scores `count` experts per row, the
+/// `used` best are run (softmax over all scores, the chosen probabilities as weights, divided by
+/// their sum when `renormalize`), and their outputs added with those weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub count: usize,
+    pub used: usize,
+    /// Each expert's feed-forward width.
+    pub d_ff: usize,
+    pub renormalize: bool,
 }
 
 impl Family {
@@ -95,15 +159,22 @@ impl Family {
             fused: false,
             global_every: None,
             local_rope_base: None,
+            experts: ExpertRule::Never,
         };
         match arch {
             Architecture::Llama => Family {
                 rope_style: RopeStyle::Interleaved,
+                experts: ExpertRule::WhenDeclared,
                 ..base
             },
             Architecture::Qwen2 => base,
             Architecture::Qwen3 => Family {
                 qk_norm: true,
+                ..base
+            },
+            Architecture::Qwen3Moe => Family {
+                qk_norm: true,
+                experts: ExpertRule::Always,
                 ..base
             },
             Architecture::Gemma3 => Family {
@@ -159,6 +230,8 @@ pub struct Config {
     pub sliding_window: Option<usize>,
     pub vocab_size: usize,
     pub context_len: usize,
+    /// The mixture of experts of every layer, in a mixture family.
+    pub moe: Option<MoeConfig>,
 }
 
 /// The RoPE of the global layers: the base, Llama 3's or LongRoPE's factors, linear position
@@ -201,17 +274,32 @@ fn global_rope(
 impl Config {
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch_name = file.get_str("general.architecture")?;
-        let arch = Architecture::from_name(arch_name).ok_or_else(|| {
-            EngineError::UnsupportedArchitecture {
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let declares_experts = file
+            .get_u64_opt(&key("expert_count"))
+            .is_some_and(|n| n > 0);
+        let Some(arch) = Architecture::from_name(arch_name) else {
+            if declares_experts || UNSUPPORTED_MIXTURES.contains(&arch_name) {
+                return Err(EngineError::UnsupportedMixture {
+                    name: arch_name.to_string(),
+                    supported: SUPPORTED_MIXTURES,
+                });
+            }
+            return Err(EngineError::UnsupportedArchitecture {
                 name: arch_name.to_string(),
                 supported: SUPPORTED_ARCHITECTURES,
-            }
-        })?;
+            });
+        };
         let family = Family::of(arch);
-        let key = |k: &str| format!("{arch_name}.{k}");
         let n_layer = file.get_u64(&key("block_count"))? as usize;
         let d_model = file.get_u64(&key("embedding_length"))? as usize;
-        let d_ff = file.get_u64(&key("feed_forward_length"))? as usize;
+        let moe = moe_config(file, arch_name, family.experts, declares_experts)?;
+        let d_ff = match (file.get_u64_opt(&key("feed_forward_length")), moe) {
+            (Some(ff), _) => ff as usize,
+            // A mixture's file may give only the experts' width; no layer is dense then.
+            (None, Some(m)) => m.d_ff,
+            (None, None) => file.get_u64(&key("feed_forward_length"))? as usize,
+        };
         let n_head = file.get_u64(&key("attention.head_count"))? as usize;
         let n_kv_head = file
             .get_u64_opt(&key("attention.head_count_kv"))
@@ -299,6 +387,7 @@ impl Config {
             sliding_window,
             vocab_size: embd.rows,
             context_len,
+            moe,
         })
     }
 
@@ -364,4 +453,62 @@ fn rope_factors(
         )));
     }
     Ok(Some(factors))
+}
+
+/// The mixture of experts a file declares, checked against what its family allows: `None` for a
+/// dense model. The router's weights follow llama.cpp: renormalised over the chosen experts
+/// unless the file says otherwise (`expert_weights_norm`), as Mixtral and Qwen3-MoE are.
+fn moe_config(
+    file: &GgufFile,
+    arch_name: &str,
+    rule: ExpertRule,
+    declared: bool,
+) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    match rule {
+        ExpertRule::Never if declared => {
+            return Err(EngineError::UnsupportedMixture {
+                name: format!("{arch_name} with experts"),
+                supported: SUPPORTED_MIXTURES,
+            })
+        }
+        ExpertRule::Never | ExpertRule::WhenDeclared if !declared => return Ok(None),
+        _ => {}
+    }
+    let count = file.get_u64(&key("expert_count"))? as usize;
+    let used = file.get_u64(&key("expert_used_count"))? as usize;
+    if count == 0 || used == 0 || used > count {
+        return Err(EngineError::BadMetadata(format!(
+            "{used} of {count} experts used per token"
+        )));
+    }
+    if file
+        .get_u64_opt(&key("expert_shared_count"))
+        .is_some_and(|n| n > 0)
+    {
+        return Err(EngineError::UnsupportedMixture {
+            name: format!("{arch_name} with shared experts"),
+            supported: SUPPORTED_MIXTURES,
+        });
+    }
+    // llama.cpp's gating functions: 1 softmax (the default), 2 sigmoid.
+    if let Some(g) = file.get_u64_opt(&key("expert_gating_func")) {
+        if g != 1 {
+            return Err(EngineError::BadMetadata(format!(
+                "expert gating function {g} (pld routes with softmax, 1)"
+            )));
+        }
+    }
+    let d_ff = match file.get_u64_opt(&key("expert_feed_forward_length")) {
+        Some(ff) => ff as usize,
+        None => file.get_u64(&key("feed_forward_length"))? as usize,
+    };
+    Ok(Some(MoeConfig {
+        count,
+        used,
+        d_ff,
+        renormalize: file
+            .get_bool_opt(&key("expert_weights_norm"))
+            .unwrap_or(true),
+    }))
 }

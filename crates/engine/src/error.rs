@@ -14,6 +14,12 @@ pub enum EngineError {
         /// The architectures pld runs, comma-separated.
         supported: &'static str,
     },
+    #[error("'{name}' is a mixture-of-experts model that pld does not run yet (mixtures supported: {supported})")]
+    UnsupportedMixture {
+        name: String,
+        /// The mixture families pld runs.
+        supported: &'static str,
+    },
     #[error("tensor '{name}' has type {dtype}, which pld cannot compute with")]
     UnsupportedTensorType { name: String, dtype: String },
     #[error("model metadata is missing or wrong: {0}")]

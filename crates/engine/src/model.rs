@@ -8,6 +8,7 @@
 //! row over that row's own cache. Each row's arithmetic is the same whatever else shares the pass,
 //! so decoding one token at a time and verifying K drafts at once give bit-identical logits.
 
+mod experts;
 mod forward;
 
 pub use crate::config::{Activation, Architecture, Config, Rope, RopeStyle};
@@ -37,10 +38,20 @@ struct Attention {
 
 struct Mlp {
     norm: Vec<f32>,
-    gate: QMatrix,
-    up: QMatrix,
-    down: QMatrix,
+    ffn: Ffn,
     post_norm: Option<Vec<f32>>,
+}
+
+/// What a feed-forward block computes on the normalized rows.
+enum Ffn {
+    /// `down(act(gate(x)) * up(x))`.
+    Dense {
+        gate: QMatrix,
+        up: QMatrix,
+        down: QMatrix,
+    },
+    /// A mixture of such blocks, a few chosen per row by a router.
+    Experts(experts::Mixture),
 }
 
 struct Layer {
@@ -118,15 +129,21 @@ impl Model {
                     matrix(&p("attn_v.weight"), kvd, d)?,
                 )
             };
-            let (gate, up) = if f.fused {
-                let mut gu = split(&p("ffn_up.weight"), &[ff, ff], d)?.into_iter();
-                let gate = gu.next().expect("two parts");
-                (gate, gu.next().expect("two parts"))
+            let ffn = if let Some(moe) = c.moe {
+                Ffn::Experts(experts::Mixture::load(file, i, d, moe, precision, isa)?)
             } else {
-                (
-                    matrix(&p("ffn_gate.weight"), ff, d)?,
-                    matrix(&p("ffn_up.weight"), ff, d)?,
-                )
+                let (gate, up) = if f.fused {
+                    let mut gu = split(&p("ffn_up.weight"), &[ff, ff], d)?.into_iter();
+                    let gate = gu.next().expect("two parts");
+                    (gate, gu.next().expect("two parts"))
+                } else {
+                    (
+                        matrix(&p("ffn_gate.weight"), ff, d)?,
+                        matrix(&p("ffn_up.weight"), ff, d)?,
+                    )
+                };
+                let down = matrix(&p("ffn_down.weight"), d, ff)?;
+                Ffn::Dense { gate, up, down }
             };
             layers.push(Layer {
                 attn: Attention {
@@ -145,9 +162,7 @@ impl Model {
                 },
                 mlp: Mlp {
                     norm: vector(&p("ffn_norm.weight"), d)?,
-                    gate,
-                    up,
-                    down: matrix(&p("ffn_down.weight"), d, ff)?,
+                    ffn,
                     post_norm: when(f.post_norms, &p("post_ffw_norm.weight"), d)?,
                 },
             });
@@ -172,18 +187,20 @@ impl Model {
     /// Bytes of weights one decode step reads: every layer matrix and the output head (the
     /// embedding table contributes one row). Divided into the memory bandwidth, the fastest a
     /// bandwidth-bound decode can go.
+    /// (A mixture's layers count the router and, on average, the share of the experts a token
+    /// runs.)
     pub fn weight_bytes_per_token(&self) -> usize {
-        let matrices: usize = self
-            .token_matrices()
-            .map(|m| m.bytes.as_slice().len())
-            .sum();
-        matrices + self.token_embd.bytes.as_slice().len() / self.token_embd.rows.max(1)
+        let size = |m: &QMatrix| m.bytes.as_slice().len();
+        let matrices: usize = self.token_matrices().map(size).sum();
+        let mixtures: usize = self.mixtures().map(|x| x.bytes_per_token()).sum();
+        matrices + mixtures + self.token_embd.bytes.as_slice().len() / self.token_embd.rows.max(1)
     }
 
     /// Multiply-adds of the matrix products per token: one per weight of every matrix it passes
-    /// through (its embedding is a lookup).
+    /// through (its embedding is a lookup; a mixture's experts as in `weight_bytes_per_token`).
     pub fn macs_per_token(&self) -> usize {
-        self.token_matrices().map(|m| m.rows * m.cols).sum()
+        let matrices: usize = self.token_matrices().map(|m| m.rows * m.cols).sum();
+        matrices + self.mixtures().map(|x| x.macs_per_token()).sum::<usize>()
     }
 
     /// Positions of a cache of `len` that layer `layer`'s attention reads: all of them, or the
@@ -214,15 +231,28 @@ impl Model {
             .sum()
     }
 
-    /// Every matrix a token's pass multiplies by: each layer's projections and the output head.
+    /// Every matrix a token's pass multiplies by, but for the mixtures of experts: each layer's
+    /// projections and the output head.
     fn token_matrices(&self) -> impl Iterator<Item = &QMatrix> {
         self.layers
             .iter()
             .flat_map(|l| {
-                let (a, f) = (&l.attn, &l.mlp);
-                [&a.wq, &a.wk, &a.wv, &a.wo, &f.gate, &f.up, &f.down]
+                let a = &l.attn;
+                let dense = match &l.mlp.ffn {
+                    Ffn::Dense { gate, up, down } => vec![gate, up, down],
+                    Ffn::Experts(_) => Vec::new(),
+                };
+                [&a.wq, &a.wk, &a.wv, &a.wo].into_iter().chain(dense)
             })
             .chain(std::iter::once(&self.output))
+    }
+
+    /// The layers' mixtures of experts (none in a dense model).
+    fn mixtures(&self) -> impl Iterator<Item = &experts::Mixture> {
+        self.layers.iter().filter_map(|l| match &l.mlp.ffn {
+            Ffn::Experts(x) => Some(x),
+            Ffn::Dense { .. } => None,
+        })
     }
 
     /// What one cached position holds (a key and a value per layer).

@@ -34,6 +34,44 @@ pub fn matrix(file: &GgufFile, name: &str) -> Result<QMatrix> {
     })
 }
 
+/// The `count` experts' matrices of a 3-D tensor (llama.cpp's `*_exps`: one `rows x cols` slice
+/// per expert, the slices one after another), each its own matrix held at `precision`, so that a
+/// product reads only the experts it is given rows for.
+pub fn expert_matrices(
+    file: &GgufFile,
+    name: &str,
+    count: usize,
+    (rows, cols): (usize, usize),
+    precision: Precision,
+    isa: Isa,
+) -> Result<Vec<QMatrix>> {
+    let tensor = file.tensor(name)?;
+    if tensor.dims != [count, rows, cols] {
+        return Err(EngineError::BadMetadata(format!(
+            "tensor '{name}' has shape {:?}, expected {:?} ({count} experts of {rows}x{cols})",
+            tensor.dims,
+            [count, rows, cols]
+        )));
+    }
+    if !kernels::is_supported(tensor.dtype) {
+        return Err(EngineError::UnsupportedTensorType {
+            name: name.into(),
+            dtype: format!("{:?}", tensor.dtype),
+        });
+    }
+    let bad = |reason: String| EngineError::BadModelFile {
+        path: file.path.clone(),
+        reason: format!("tensor '{name}': {reason}"),
+    };
+    let all = QMatrix::new(tensor.dtype, count * rows, cols, tensor.bytes).map_err(bad)?;
+    (0..count)
+        .map(|e| {
+            let part = all.row_range(e * rows, rows).map_err(bad)?;
+            Ok(for_products(part, precision, isa))
+        })
+        .collect()
+}
+
 /// How the weight matrices of the products are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {

@@ -2,7 +2,7 @@
 //! cache slot, position, tree and window masks), the attention plan, then per layer the attention
 //! block and the feed-forward block, and the output head on the rows whose logits are wanted.
 
-use super::{Attention, BatchItem, Mlp, Model, MAX_TREE_ROWS};
+use super::{Attention, BatchItem, Ffn, Mlp, Model, MAX_TREE_ROWS};
 use crate::config::{Activation, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kernels;
@@ -172,6 +172,8 @@ struct Buffers {
 impl Buffers {
     fn new(c: &Config, n: usize) -> Self {
         let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
+        // A mixture's experts keep their own buffers.
+        let ff = if c.moe.is_some() { 0 } else { c.d_ff };
         Buffers {
             h: vec![0f32; n * d],
             q: vec![0f32; n * qd],
@@ -179,8 +181,8 @@ impl Buffers {
             v: vec![0f32; n * kvd],
             att: vec![0f32; n * qd],
             proj: vec![0f32; n * d],
-            gate: vec![0f32; n * c.d_ff],
-            up: vec![0f32; n * c.d_ff],
+            gate: vec![0f32; n * ff],
+            up: vec![0f32; n * ff],
             job_out: vec![0f32; n * qd],
         }
     }
@@ -353,24 +355,30 @@ impl Model {
         }
     }
 
-    /// The feed-forward block: gated activation of every row, projected down and added to `x`.
+    /// The feed-forward block: gated activation of every row, projected down, or the row's
+    /// experts' (`experts`), added to `x`.
     fn feed_forward(&self, m: &Mlp, n: usize, b: &mut Buffers, x: &mut [f32]) {
         let c = &self.config;
         norm_rows(x, &m.norm, c.rms_eps, &mut b.h, c.d_model);
-        kernels::matmul_many(&b.h, n, &mut [(&m.gate, &mut b.gate), (&m.up, &mut b.up)]);
         let activation = match c.family().activation {
             Activation::Silu => kernels::swiglu,
             Activation::GeluTanh => kernels::geglu,
         };
-        let up = &b.up;
-        if n >= 4 {
-            kernels::par_chunks_mut(&mut b.gate, c.d_ff, &|r, g| {
-                activation(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
-            });
-        } else {
-            activation(&mut b.gate, up);
+        match &m.ffn {
+            Ffn::Dense { gate, up, down } => {
+                kernels::matmul_many(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
+                let up = &b.up;
+                if n >= 4 {
+                    kernels::par_chunks_mut(&mut b.gate, c.d_ff, &|r, g| {
+                        activation(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
+                    });
+                } else {
+                    activation(&mut b.gate, up);
+                }
+                kernels::matmul(&b.gate, n, down, &mut b.proj);
+            }
+            Ffn::Experts(mixture) => mixture.forward(&b.h, n, activation, &mut b.proj),
         }
-        kernels::matmul(&b.gate, n, &m.down, &mut b.proj);
         if let Some(w) = &m.post_norm {
             norm_in_place(&mut b.proj, w, c.rms_eps, c.d_model);
         }
