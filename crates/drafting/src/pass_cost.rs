@@ -138,11 +138,7 @@ impl PassCost {
     pub fn prices(&self, contexts: &[usize]) -> Vec<f64> {
         let n = contexts.len().max(1);
         let c = self.context;
-        let plain = self.seconds(n)
-            + contexts
-                .iter()
-                .map(|&ctx| c.seconds(1, ctx))
-                .sum::<f64>();
+        let plain = self.seconds(n) + contexts.iter().map(|&ctx| c.seconds(1, ctx)).sum::<f64>();
         let rows = (self.seconds(2 * n) - self.seconds(n)).max(0.0) / n as f64;
         let per_token = plain / n as f64;
         contexts
