@@ -20,14 +20,12 @@ EXPERTS = 8
 USED = 2
 EXPERT_FF = 64  # a multiple of 64, so that every expert matrix is packed for the SIMD kernels
 
-MOE_LAYER_MAP = {  # attention and norms; the feed-forward block is `moe_specs`'
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-}
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")  # replaced by the experts (`moe_specs`)
+
+
+def without_dense_ffn(layer_map: dict) -> dict:
+    """A dense family's tensor map less its feed-forward matrices: attention and norms."""
+    return {k: v for k, v in layer_map.items() if k not in DENSE_FFN}
 
 
 def moe_specs(mk, model, expert_type, split: bool):
@@ -129,17 +127,16 @@ def check_mixtral(model):
 def models(mk):
     return [
         mk.ModelDef("qwen3moe", "qwen3moe", "F32", 7088, lambda tok: build_qwen3moe(mk, tok),
-                    lambda m: specs_with_experts(mk, m, {**MOE_LAYER_MAP, "attn_q_norm": "self_attn.q_norm",
-                                                         "attn_k_norm": "self_attn.k_norm"},
+                    lambda m: specs_with_experts(mk, m, without_dense_ffn(mk.LAYER_MAP_QWEN3),
                                                  lambda n: QT.F32, permute=False),
                     expert_metadata, check_qwen3moe, weights_detail="all F32"),
         mk.ModelDef("mixtral", "llama", "Q8_0", 8096, lambda tok: build_mixtral(mk, tok),
-                    lambda m: specs_with_experts(mk, m, MOE_LAYER_MAP, lambda n: QT.Q8_0, permute=True),
+                    lambda m: specs_with_experts(mk, m, without_dense_ffn(mk.LAYER_MAP_LLAMA), lambda n: QT.Q8_0, permute=True),
                     mixtral_metadata, check_mixtral,
                     weights_detail="Q8_0 matrices (experts, token_embd and output too); router and norms F32"),
         # The same model (same seed, so the same weights and references) in the older layout.
         mk.ModelDef("mixtral-split", "llama", "Q8_0", 8096, lambda tok: build_mixtral(mk, tok),
-                    lambda m: specs_with_experts(mk, m, MOE_LAYER_MAP, lambda n: QT.Q8_0, permute=True, split=True),
+                    lambda m: specs_with_experts(mk, m, without_dense_ffn(mk.LAYER_MAP_LLAMA), lambda n: QT.Q8_0, permute=True, split=True),
                     mixtral_metadata, check_mixtral,
                     weights_detail="as mixtral, each expert's matrices their own 2-D tensors (ffn_gate.<e>.weight)"),
     ]

@@ -238,6 +238,9 @@ impl NgramIndex {
         out: &mut Vec<u32>,
     ) -> Option<Match> {
         out.clear();
+        if self.config.policy == MatchPolicy::Scored {
+            return self.propose_scored(k, cursor, out);
+        }
         let tokens = &self.tokens;
         let len = tokens.len();
         let min_n = self.config.min_n;
@@ -245,10 +248,6 @@ impl NgramIndex {
         let max_n = self.config.max_n.min(len.saturating_sub(1));
         if self.levels.is_empty() || max_n < min_n {
             return None;
-        }
-
-        if self.config.policy == MatchPolicy::Scored {
-            return self.propose_scored(k, cursor, out);
         }
         let keys = suffix_keys(tokens, max_n);
 

@@ -8,9 +8,8 @@
 //! row attends to every cached position). The loop measures what passes cost by row count and
 //! context (`PassCost`, timed at start-up and refined from real decode passes) and gives each
 //! greedy sequence the price of a drafted row in the current batch at its context; the sequence's
-//! controller then
-//! sends only the drafts whose expected accepted tokens pay that price, which is none once the
-//! batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
+//! controller then sends only the drafts whose expected accepted tokens pay that price, which is
+//! none once the batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
 //! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
 //! (`ROW_BUDGET`).
 //!
