@@ -22,6 +22,11 @@ file instead computes the logits the way a GGUF consumer does:
     renormalised to sum 1 unless `expert_weights_norm` is false, each expert's SwiGLU over its
     slice of `ffn_{gate,up,down}_exps` (or its own `ffn_{gate,up,down}.<e>.weight`), added with
     those weights.
+  * gpt-oss: biases on q, k, v and the attention output; a sink logit per head in each softmax
+    (`attn_sinks`); layer l windowed iff l is even; YaRN RoPE (`rope.scaling.type = yarn`), its
+    ramp not rounded to whole dimensions (the model's reference; llama.cpp rounds), cos/sin times
+    0.1 ln(factor) + 1; the ffn norm `post_attention_norm`; the router's bias, its top-k logits
+    softmaxed; expert biases; (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
 
 Run standalone to check every reference in crates/engine/tests/tiny:
   /work/pyenv/venv/bin/python tools/tiny_models/gguf_forward.py
@@ -53,6 +58,10 @@ class GgufModel:
         self.base = meta("rope.freq_base")
         self.window = meta("attention.sliding_window")
         self.attn_factor = meta("rope.scaling.attn_factor", 1.0)
+        self.yarn = None
+        if meta("rope.scaling.type") == "yarn":
+            self.yarn = (meta("rope.scaling.factor"), meta("rope.scaling.original_context_length"),
+                         meta("rope.scaling.yarn_beta_fast", 32.0), meta("rope.scaling.yarn_beta_slow", 1.0))
         self.used = meta("expert_used_count")
         self.expert_norm = meta("expert_weights_norm", True)
         self.t = {}
@@ -69,11 +78,25 @@ class GgufModel:
         factors = self.t.get("rope_freqs.weight", self.t.get("rope_factors_short.weight", np.ones(pairs)))
         exps = np.arange(0, self.hd, 2, dtype=np.float64) / self.hd
         self.inv_freq = 1.0 / (self.base ** exps) / factors
+        if self.yarn:
+            factor, orig, fast, slow = self.yarn
+            # The (fractional) pair index whose frequency turns `n` times over the original context.
+            dim_of = lambda n: self.hd * math.log(orig / (n * 2 * math.pi)) / (2 * math.log(self.base))
+            lo, hi = dim_of(fast), dim_of(slow)
+            if self.arch != "gpt-oss":
+                lo, hi = math.floor(lo), math.ceil(hi)
+            lo, hi = max(lo, 0.0), min(hi, self.hd - 1.0)
+            ramp = np.clip((np.arange(pairs) - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+            extrapolated = 1.0 - ramp
+            self.inv_freq = self.inv_freq / factor * (1 - extrapolated) + self.inv_freq * extrapolated
+            self.attn_factor *= 0.1 * math.log(factor) + 1.0
         self.inv_freq_local = 1.0 / (10000.0 ** exps)  # gemma3 sliding layers
 
     def windowed(self, layer: int) -> bool:
         if not self.window:
             return False
+        if self.arch == "gpt-oss":
+            return layer % 2 == 0
         return self.arch != "gemma3" or (layer + 1) % 6 != 0
 
     def norm(self, x, w):
@@ -100,18 +123,30 @@ class GgufModel:
     def experts(self, h: np.ndarray, p: str) -> np.ndarray:
         """A mixture-of-experts block over the normalized rows `h` [T, d]."""
         t = self.t
-        scores = h @ t[p + "ffn_gate_inp.weight"].T
+        scores = h @ t[p + "ffn_gate_inp.weight"].T + t.get(p + "ffn_gate_inp.bias", 0.0)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         out = np.zeros_like(h)
+        oai = self.arch == "gpt-oss"
         for r in range(h.shape[0]):
             chosen = np.argsort(-probs[r], kind="stable")[: self.used]
-            weights = probs[r, chosen]
-            if self.expert_norm:
-                weights = weights / weights.sum()
+            if oai:  # softmax over the chosen logits
+                weights = np.exp(scores[r, chosen] - scores[r, chosen].max())
+                weights /= weights.sum()
+            else:
+                weights = probs[r, chosen]
+                if self.expert_norm:
+                    weights = weights / weights.sum()
             for e, w in zip(chosen, weights):
                 gate, up, down = (self.expert(p, kind, e) for kind in ("gate", "up", "down"))
-                out[r] += w * (down @ (silu(gate @ h[r]) * (up @ h[r])))
+                g, u = gate @ h[r], up @ h[r]
+                if oai:
+                    g, u = g + t[p + "ffn_gate_exps.bias"][e], u + t[p + "ffn_up_exps.bias"][e]
+                    g = np.minimum(g, 7.0)
+                    act = (np.clip(u, -7.0, 7.0) + 1) * g / (1 + np.exp(-1.702 * g))
+                    out[r] += w * (down @ act + t[p + "ffn_down_exps.bias"][e])
+                else:
+                    out[r] += w * (down @ (silu(g) * u))
         return out
 
     def expert(self, p: str, kind: str, e: int) -> np.ndarray:
@@ -132,7 +167,7 @@ class GgufModel:
                 qkv = h @ t[p + "attn_qkv.weight"].T
                 q, k, v = np.split(qkv, [self.n_head * hd, (self.n_head + self.n_kv) * hd], axis=-1)
             else:
-                q, k, v = (h @ t[p + f"attn_{n}.weight"].T for n in "qkv")
+                q, k, v = (h @ t[p + f"attn_{n}.weight"].T + t.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
             q = q.reshape(T, self.n_head, hd)
             k = k.reshape(T, self.n_kv, hd)
             v = v.reshape(T, self.n_kv, hd)
@@ -145,17 +180,23 @@ class GgufModel:
             i, j = np.arange(T)[:, None], np.arange(T)[None, :]
             allowed = (j <= i) & ((i - j < self.window) if windowed else True)
             group = self.n_head // self.n_kv
+            sinks = t.get(p + "attn_sinks.weight")
             heads = []
             for hh in range(self.n_head):
                 s = q[:, hh] @ k[:, hh // group].T / math.sqrt(hd)
                 s = np.where(allowed, s, -np.inf)
-                s = np.exp(s - s.max(-1, keepdims=True))
-                heads.append((s / s.sum(-1, keepdims=True)) @ v[:, hh // group])
-            o = np.concatenate(heads, axis=-1) @ t[p + "attn_output.weight"].T
+                if sinks is None:
+                    s = np.exp(s - s.max(-1, keepdims=True))
+                    heads.append((s / s.sum(-1, keepdims=True)) @ v[:, hh // group])
+                else:  # the sink joins the softmax as one more logit with no value
+                    top = np.maximum(s.max(-1, keepdims=True), sinks[hh])
+                    e = np.exp(s - top)
+                    heads.append((e / (e.sum(-1, keepdims=True) + np.exp(sinks[hh] - top))) @ v[:, hh // group])
+            o = np.concatenate(heads, axis=-1) @ t[p + "attn_output.weight"].T + t.get(p + "attn_output.bias", 0.0)
             if self.arch == "gemma3":
                 o = self.norm(o, t[p + "post_attention_norm.weight"])
             x = x + o
-            h = self.norm(x, t[p + "ffn_norm.weight"])
+            h = self.norm(x, t[p + ("post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight")])
             if p + "ffn_gate_inp.weight" in t:
                 x = x + self.experts(h, p)
                 continue

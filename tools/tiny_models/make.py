@@ -207,6 +207,9 @@ class TensorSpec:
     # One expert (an index along the first axis) of a 3-D parameter, stored as its own tensor
     # (the older GGUF layout of Mixtral); `part` then applies within it.
     expert: int | None = None
+    # A strided view of the torch parameter that is this tensor (gpt-oss's interleaved gate and up
+    # columns, transposed), written through when the decoded values are loaded back.
+    view: Callable[["torch.Tensor"], "torch.Tensor"] | None = None
 
 
 @dataclass
@@ -223,6 +226,7 @@ class ModelDef:
     out_std: float = OUT_STD  # scale of the output projection's random init
     weights_detail: str = ""  # the exceptions, for the JSON's "weights_detail"
     notes: list[str] = field(default_factory=list)
+    after_init: Callable[["transformers.PreTrainedModel"], None] = lambda m: None  # after `reinit`
 
 
 LAYER_MAP_LLAMA = {
@@ -569,6 +573,10 @@ import moe  # noqa: E402  (the mixture-of-experts models, built from this module
 
 MODELS += moe.models(sys.modules[__name__])
 
+import gpt_oss  # noqa: E402
+
+MODELS += gpt_oss.models(sys.modules[__name__])
+
 
 # --------------------------------------------------------------------------------------------
 # Weights
@@ -604,7 +612,10 @@ def encode(spec: TensorSpec, model) -> tuple[np.ndarray, QT, np.ndarray]:
     if spec.value is not None:
         w = spec.value.astype(np.float32)
     else:
-        w = model.get_parameter(spec.hf_name).detach().numpy().astype(np.float32)
+        p = model.get_parameter(spec.hf_name).detach()
+        if spec.view is not None:
+            p = spec.view(p)
+        w = p.numpy().astype(np.float32)
         if spec.expert is not None:
             w = w[spec.expert]
         if spec.part is not None:
@@ -628,6 +639,8 @@ def load_decoded(model, specs: list[TensorSpec], decoded: dict[str, np.ndarray])
                 continue
             w = s.from_gguf(decoded[s.gguf_name])
             p = model.get_parameter(s.hf_name)
+            if s.view is not None:
+                p = s.view(p)
             if s.expert is not None:
                 p = p[s.expert]
             if s.part is not None:
@@ -640,7 +653,7 @@ def load_decoded(model, specs: list[TensorSpec], decoded: dict[str, np.ndarray])
 # GGUF writing and reading back
 # --------------------------------------------------------------------------------------------
 
-FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}
+FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "MXFP4": 38}
 
 
 def gguf_metadata(mdef: ModelDef, model) -> dict[str, object]:
@@ -677,6 +690,8 @@ def write_gguf(path: Path, mdef: ModelDef, model, tok: Tokenizer, meta: dict, te
             w.add_float32(full, value)
         elif isinstance(value, int):
             w.add_uint32(full, value)
+        elif isinstance(value, str):
+            w.add_string(full, value)
         else:
             raise TypeError(key)
     w.add_tokenizer_model("gpt2")
@@ -713,6 +728,8 @@ def verify_gguf(path: Path, mdef: ModelDef, tok: Tokenizer, meta: dict,
         if isinstance(value, float):
             assert abs(got - value) <= 1e-6 * abs(value), (key, got, value)
             assert f[f"{mdef.arch}.{key}"].types == [gguf.GGUFValueType.FLOAT32]
+        elif isinstance(value, str):
+            assert got == value and f[f"{mdef.arch}.{key}"].types == [gguf.GGUFValueType.STRING], (key, got)
         else:
             assert got == value, (key, got, value)
             assert f[f"{mdef.arch}.{key}"].types == [gguf.GGUFValueType.UINT32]
@@ -816,6 +833,7 @@ def attempt(mdef: ModelDef, tok: Tokenizer, prompts: list[list[int]], seed: int)
     model._tiny_prompts = prompts
     reinit(model, torch.Generator().manual_seed(seed), gemma_norms=mdef.gemma_norms,
            control_ids=tok.first_normal, out_std=mdef.out_std)
+    mdef.after_init(model)
 
     # GGUF tensors and the float32 values they decode to; load those into the model.
     specs = mdef.tensor_specs(model)

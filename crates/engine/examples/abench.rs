@@ -89,6 +89,7 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
                     kv,
                     scale,
                     None,
+                    None,
                     &mut scores,
                     &mut out,
                 );

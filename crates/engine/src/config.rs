@@ -22,20 +22,23 @@ pub enum Architecture {
     Qwen3Moe,
     Gemma3,
     Phi3,
+    /// OpenAI's gpt-oss: attention sinks, sliding-window and full layers in turn, YaRN, biases,
+    /// a mixture of experts with a clamped SwiGLU (`general.architecture` `gpt-oss`).
+    #[serde(rename = "gpt-oss")]
+    GptOss,
 }
 
 /// The `general.architecture` names pld runs, for error messages.
 pub const SUPPORTED_ARCHITECTURES: &str =
-    "llama (Llama 2/3, SmolLM2, Mistral, Mixtral), qwen2, qwen3, qwen3moe, gemma3, phi3";
+    "llama (Llama 2/3, SmolLM2, Mistral, Mixtral), qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss";
 
 /// The mixture-of-experts families pld runs, for error messages.
-pub const SUPPORTED_MIXTURES: &str = "qwen3moe, mixtral (llama with experts)";
+pub const SUPPORTED_MIXTURES: &str = "qwen3moe, mixtral (llama with experts), gpt-oss";
 
 /// `general.architecture` names of mixture-of-experts families pld does not run (yet): refused as
 /// such rather than as unknown. A file of any other unknown architecture that declares experts
 /// (`<arch>.expert_count`) is refused the same way.
 const UNSUPPORTED_MIXTURES: &[&str] = &[
-    "gpt-oss",
     "qwen2moe",
     "qwen3next",
     "qwen3vlmoe",
@@ -73,6 +76,7 @@ impl Architecture {
             "qwen3moe" => Architecture::Qwen3Moe,
             "gemma3" => Architecture::Gemma3,
             "phi3" => Architecture::Phi3,
+            "gpt-oss" => Architecture::GptOss,
             _ => return None,
         })
     }
@@ -94,6 +98,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GeGLU): gemma.
     GeluTanh,
+    /// gpt-oss's SwiGLU with the gate and up clamped and `up + 1` (`kernels::swiglu_oai`).
+    SiluClamped,
 }
 
 /// Gemma 3's RoPE base on its sliding-window layers; the GGUF metadata gives only the global
@@ -123,6 +129,14 @@ pub struct Family {
     pub local_rope_base: Option<f32>,
     /// Whether the feed-forward blocks are mixtures of experts.
     pub experts: ExpertRule,
+    /// A learned logit per query head in every attention softmax (`attn_sinks`): gpt-oss.
+    pub sinks: bool,
+    /// The name of the norm before the feed-forward block (`ffn_norm`; gpt-oss's files call it
+    /// `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// YaRN's correction range rounded out to whole dimensions (transformers' `truncate`, true
+    /// but for gpt-oss, whose reference implementation does not round).
+    pub yarn_truncate: bool,
 }
 
 /// Where a family's feed-forward blocks are mixtures of experts.
@@ -160,6 +174,9 @@ impl Family {
             global_every: None,
             local_rope_base: None,
             experts: ExpertRule::Never,
+            sinks: false,
+            ffn_norm: "ffn_norm",
+            yarn_truncate: true,
         };
         match arch {
             Architecture::Llama => Family {
@@ -190,6 +207,16 @@ impl Family {
                 fused: true,
                 ..base
             },
+            // Even layers see a window, odd ones everything (llama.cpp's swa pattern 2).
+            Architecture::GptOss => Family {
+                activation: Activation::SiluClamped,
+                experts: ExpertRule::Always,
+                global_every: Some(2),
+                sinks: true,
+                ffn_norm: "post_attention_norm",
+                yarn_truncate: false,
+                ..base
+            },
         }
     }
 }
@@ -200,8 +227,9 @@ impl Family {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     pub base: f32,
-    /// Per-pair frequency divisors: Llama 3's `rope_freqs`, Phi-3's `rope_factors_short/long`.
-    pub factors: Option<Vec<f32>>,
+    /// Per-pair frequency divisors: Llama 3's `rope_freqs`, Phi-3's `rope_factors_short/long`,
+    /// YaRN's blend of interpolated and original frequencies (`yarn_factors`).
+    pub factors: Option<Vec<f64>>,
     /// 1 / the linear scaling factor (`rope.scaling.type = linear`).
     pub position_scale: f32,
     /// Phi-3 LongRoPE's magnitude correction (`rope.scaling.attn_factor`).
@@ -241,10 +269,15 @@ fn global_rope(
     arch_name: &str,
     rope_dims: usize,
     context_len: usize,
+    family: Family,
 ) -> Result<Rope> {
     let key = |k: &str| format!("{arch_name}.{k}");
+    let base = file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0);
+    if file.get_str_opt(&key("rope.scaling.type")) == Some("yarn") {
+        return yarn_rope(file, arch_name, base, rope_dims, family.yarn_truncate);
+    }
     Ok(Rope {
-        base: file.get_f32_opt(&key("rope.freq_base")).unwrap_or(10000.0),
+        base,
         factors: rope_factors(file, arch_name, rope_dims, context_len)?,
         position_scale: match file.get_str_opt(&key("rope.scaling.type")) {
             Some("linear") => {
@@ -349,7 +382,7 @@ impl Config {
             )));
         }
 
-        let rope = global_rope(file, arch_name, rope_dims, context_len)?;
+        let rope = global_rope(file, arch_name, rope_dims, context_len, family)?;
         // The windowed layers' own base: from the file where it says (`rope.freq_base_swa`),
         // else the family's default.
         let local_base = file
@@ -430,7 +463,7 @@ fn rope_factors(
     arch_name: &str,
     rope_dims: usize,
     context_len: usize,
-) -> Result<Option<Vec<f32>>> {
+) -> Result<Option<Vec<f64>>> {
     let pairs = rope_dims / 2;
     let name = if file.has_tensor("rope_freqs.weight") {
         "rope_freqs.weight"
@@ -452,7 +485,93 @@ fn rope_factors(
             "'{name}' holds a factor that is not a positive number"
         )));
     }
-    Ok(Some(factors))
+    Ok(Some(factors.into_iter().map(f64::from).collect()))
+}
+
+/// YaRN (`rope.scaling.type = yarn`): each pair's frequency a blend of the original one and the
+/// one divided by `rope.scaling.factor`, by a ramp between the pairs that turn `beta_fast` and
+/// `beta_slow` times over `rope.scaling.original_context_length` (the high-frequency pairs keep
+/// theirs); cos and sin scaled by `0.1 ln(factor) + 1` times `rope.scaling.attn_factor`. As
+/// transformers' `_compute_yarn_parameters` and llama.cpp's `rope_yarn` compute it; `truncate`
+/// rounds the ramp's ends out to whole pairs as both do by default.
+fn yarn_rope(
+    file: &GgufFile,
+    arch_name: &str,
+    base: f32,
+    rope_dims: usize,
+    truncate: bool,
+) -> Result<Rope> {
+    let key = |k: &str| format!("{arch_name}.rope.scaling.{k}");
+    let required = |k: &str| {
+        file.get_f32_opt(&key(k))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                EngineError::BadMetadata(format!(
+                    "'{}' is missing or not a positive number (needed for yarn rope scaling)",
+                    key(k)
+                ))
+            })
+    };
+    let factor = required("factor")? as f64;
+    let original = required("original_context_length")? as f64;
+    let fast = file.get_f32_opt(&key("yarn_beta_fast")).unwrap_or(32.0) as f64;
+    let slow = file.get_f32_opt(&key("yarn_beta_slow")).unwrap_or(1.0) as f64;
+    let extrapolation = file.get_f32_opt(&key("yarn_ext_factor")).unwrap_or(1.0) as f64;
+    Ok(Rope {
+        base,
+        factors: Some(yarn_factors(
+            base as f64,
+            rope_dims,
+            factor,
+            original,
+            (fast, slow),
+            extrapolation,
+            truncate,
+        )),
+        position_scale: 1.0,
+        attn_factor: {
+            let magnitude = if factor > 1.0 {
+                0.1 * factor.ln() + 1.0
+            } else {
+                1.0
+            };
+            let extra = file
+                .get_f32_opt(&key("attn_factor"))
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .unwrap_or(1.0);
+            (magnitude * extra as f64) as f32
+        },
+    })
+}
+
+/// YaRN's per-pair divisors of the frequencies (see `yarn_rope`).
+pub fn yarn_factors(
+    base: f64,
+    dims: usize,
+    factor: f64,
+    original: f64,
+    (beta_fast, beta_slow): (f64, f64),
+    extrapolation: f64,
+    truncate: bool,
+) -> Vec<f64> {
+    // The pair index at which a frequency turns `turns` times over the original context.
+    let pair_of = |turns: f64| {
+        dims as f64 * (original / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (pair_of(beta_fast), pair_of(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(dims as f64 - 1.0));
+    let span = if high == low { 0.001 } else { high - low };
+    (0..dims / 2)
+        .map(|i| {
+            let ramp = ((i as f64 - low) / span).clamp(0.0, 1.0);
+            // The share of the original (extrapolated) frequency.
+            let keep = (1.0 - ramp) * extrapolation;
+            1.0 / ((1.0 - keep) / factor + keep)
+        })
+        .collect()
 }
 
 /// The mixture of experts a file declares, checked against what its family allows: `None` for a
@@ -511,4 +630,30 @@ fn moe_config(
             .get_bool_opt(&key("expert_weights_norm"))
             .unwrap_or(true),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::yarn_factors;
+
+    /// YaRN keeps the fastest pairs' frequencies, divides the slowest by the factor, and blends
+    /// in between; rounding the ramp out to whole pairs (`truncate`) moves only the blended ones.
+    #[test]
+    fn yarn_blends_between_the_correction_pairs() {
+        // gpt-oss's settings: base 150000, factor 32 over 4096 positions, beta 32 and 1, 64 dims.
+        let exact = yarn_factors(150_000.0, 64, 32.0, 4096.0, (32.0, 1.0), 1.0, false);
+        let rounded = yarn_factors(150_000.0, 64, 32.0, 4096.0, (32.0, 1.0), 1.0, true);
+        assert_eq!(exact.len(), 32);
+        assert_eq!(exact[0], 1.0, "the fastest pair keeps its frequency");
+        assert!(
+            (exact[31] - 32.0).abs() < 1e-12,
+            "the slowest is divided by the factor"
+        );
+        assert!(exact.windows(2).all(|w| w[0] <= w[1]), "{exact:?}");
+        let blended = exact.iter().filter(|&&f| f > 1.0 && f < 32.0).count();
+        assert!(blended >= 3, "{exact:?}");
+        assert_ne!(exact, rounded);
+        assert_eq!(exact[..8], rounded[..8]);
+        assert_eq!(exact[24..], rounded[24..]);
+    }
 }

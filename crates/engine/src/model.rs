@@ -30,6 +30,9 @@ struct Attention {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     wo: QMatrix,
+    bo: Option<Vec<f32>>,
+    /// A logit per query head that every softmax also counts (`attn_sinks`).
+    sinks: Option<Vec<f32>>,
     /// Normalizes the block's output before the residual add.
     post_norm: Option<Vec<f32>>,
     /// Sees only the last `sliding_window` positions.
@@ -157,11 +160,13 @@ impl Model {
                     q_norm: when(f.qk_norm, &p("attn_q_norm.weight"), hd)?,
                     k_norm: when(f.qk_norm, &p("attn_k_norm.weight"), hd)?,
                     wo: matrix(&p("attn_output.weight"), d, qd)?,
+                    bo: bias(&p("attn_output.bias"), d)?,
+                    sinks: when(f.sinks, &p("attn_sinks.weight"), c.n_head)?,
                     post_norm: when(f.post_norms, &p("post_attention_norm.weight"), d)?,
                     windowed: c.is_windowed(i),
                 },
                 mlp: Mlp {
-                    norm: vector(&p("ffn_norm.weight"), d)?,
+                    norm: vector(&p(&format!("{}.weight", f.ffn_norm)), d)?,
                     ffn,
                     post_norm: when(f.post_norms, &p("post_ffw_norm.weight"), d)?,
                 },

@@ -101,7 +101,7 @@ fn all_logits(lm: &LoadedModel, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {
 fn tiny_models_cover_every_architecture() {
     let models = models();
     let archs: Vec<String> = models.iter().map(|(r, _)| r.arch.clone()).collect();
-    for arch in ["llama", "qwen3", "qwen3moe", "gemma3", "phi3"] {
+    for arch in ["llama", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss"] {
         assert!(archs.iter().any(|a| a == arch), "no tiny {arch} model");
     }
     // Mixtral: llama files with experts, in llama.cpp's 3-D layout and the older one tensor per
@@ -114,6 +114,7 @@ fn tiny_models_cover_every_architecture() {
     assert_eq!(
         mixtures,
         [
+            ("gpt-oss", "gpt-oss"),
             ("mixtral-split", "llama"),
             ("mixtral", "llama"),
             ("qwen3moe", "qwen3moe")
@@ -427,7 +428,9 @@ fn unknown_architecture_is_named() {
     };
     std::fs::remove_file(&path).ok();
     assert!(err.contains("'mamba'"), "{err}");
-    for arch in ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"] {
+    for arch in [
+        "llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss",
+    ] {
         assert!(err.contains(arch), "{err} should list {arch}");
     }
 }
@@ -463,6 +466,7 @@ fn unsupported_mixtures_are_named() {
     for (file, from, to) in [
         ("qwen3moe.gguf", &b"qwen3moe"[..], &b"qwen2moe"[..]),
         ("mixtral.gguf", b"llama", b"mamba"),
+        ("gpt-oss.gguf", b"gpt-oss", b"grok-15"),
     ] {
         let err = load_patched(file, from, to);
         let name = String::from_utf8_lossy(to);
@@ -470,7 +474,9 @@ fn unsupported_mixtures_are_named() {
             err.contains(&format!("'{name}' is a mixture-of-experts model")),
             "{err}"
         );
-        assert!(err.contains("qwen3moe") && err.contains("mixtral"), "{err}");
+        for family in ["qwen3moe", "mixtral", "gpt-oss"] {
+            assert!(err.contains(family), "{err} should list {family}");
+        }
     }
 }
 

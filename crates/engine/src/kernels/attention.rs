@@ -240,7 +240,7 @@ pub fn attend_with(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), q.len(), "one output per query element");
-    attend_rows(isa, q, q.len(), 1, kv, scale, None, scratch, out)
+    attend_rows(isa, q, q.len(), 1, kv, scale, None, None, scratch, out)
 }
 
 /// Causal attention of `rows` consecutive positions of one sequence, for the query heads that share
@@ -249,6 +249,9 @@ pub fn attend_with(
 /// lets it see), and its outputs go to `out[r * group * hd..]`. Each row's result is bit-identical
 /// to `attend` on that row alone over the positions it sees, on every implementation; the vector
 /// versions read each key and value once for all the rows.
+///
+/// With `sinks` (gpt-oss's attention sinks: one logit per query head of the group, no value),
+/// each head's softmax also counts `e^sink` in its denominator (`normalizer`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     isa: Isa,
@@ -257,6 +260,7 @@ pub fn attend_rows(
     rows: usize,
     kv: KvHead<'_>,
     scale: f32,
+    sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     scratch: &mut Vec<f32>,
     out: &mut [f32],
@@ -270,6 +274,10 @@ pub fn attend_rows(
         tree.is_none_or(|m| m.rows.len() == rows && m.start < len && len - m.start <= 64),
         "one mask per row, a tree of at most 64 positions at the end of the cache"
     );
+    assert!(
+        sinks.is_none_or(|s| s.len() * hd == gw),
+        "one sink per query head"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && hd % 8 == 0 {
         return with_typed!(kv, kv => {
@@ -280,9 +288,9 @@ pub fn attend_rows(
             // queries inside `q`, a tree's rows inside the cache, outputs sized as checked.
             unsafe {
                 if isa.avx512() && hd % 16 == 0 {
-                    x86::attend_rows_avx512(q, q_stride, rows, kv, scale, tree, scratch, out)
+                    x86::attend_rows_avx512(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
                 } else {
-                    x86::attend_rows_avx2(q, q_stride, rows, kv, scale, tree, scratch, out)
+                    x86::attend_rows_avx2(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
                 }
             }
         });
@@ -299,8 +307,9 @@ pub fn attend_rows(
                 Some(v) => seen.extend((0..n).filter(|&t| v.sees(t))),
             }
             let qr = &q[r * q_stride..r * q_stride + gw];
-            for (qh, oh) in qr.chunks(hd).zip(o.chunks_mut(hd)) {
-                attend_plain_fused(qh, kv, scale, &seen, oh);
+            for (h, (qh, oh)) in qr.chunks(hd).zip(o.chunks_mut(hd)).enumerate() {
+                let sink = sinks.map(|s| s[h]);
+                attend_plain_fused(qh, kv, scale, sink, &seen, oh);
             }
         }
     })
@@ -312,15 +321,33 @@ fn attend_plain_fused<E: KvElem>(
     qh: &[f32],
     kv: KvOf<'_, E>,
     scale: f32,
+    sink: Option<f32>,
     seen: &[usize],
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA.
-        return unsafe { x86::attend_plain_fma(qh, kv, scale, seen, out) };
+        return unsafe { x86::attend_plain_fma(qh, kv, scale, sink, seen, out) };
     }
-    attend_plain(qh, kv, scale, seen, out)
+    attend_plain(qh, kv, scale, sink, seen, out)
+}
+
+/// What a head's weighted values (summed against its running maximum `max`, with weights summing
+/// to `sum`) are multiplied by at the end: `1 / sum`, or with an attention sink, the share the
+/// positions keep beside `e^sink`: `e^max / (sum e^max + e^sink)`, computed against the larger
+/// of `max` and `sink` so that nothing overflows. Plain f32 arithmetic, used by every
+/// implementation, so all give the same bits.
+#[inline]
+pub(crate) fn normalizer(max: f32, sum: f32, sink: Option<f32>) -> f32 {
+    match sink {
+        None => 1.0 / sum,
+        Some(s) => {
+            let top = max.max(s);
+            let kept = exp_lane(max - top);
+            kept / sum.mul_add(kept, exp_lane(s - top))
+        }
+    }
 }
 
 /// The plain version of the vector kernels: one query head over the positions `seen`, in order,
@@ -333,6 +360,7 @@ pub(crate) fn attend_plain<E: KvElem>(
     qh: &[f32],
     kv: KvOf<'_, E>,
     scale: f32,
+    sink: Option<f32>,
     seen: &[usize],
     out: &mut [f32],
 ) {
@@ -372,7 +400,7 @@ pub(crate) fn attend_plain<E: KvElem>(
             });
         }
     }
-    let inv = 1.0 / sum;
+    let inv = normalizer(max, sum, sink);
     for o in out.iter_mut() {
         *o *= inv;
     }

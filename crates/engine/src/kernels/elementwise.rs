@@ -111,6 +111,20 @@ pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU: `gate = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)` with
+/// `g = min(gate, 7)` (transformers' `GptOssExperts`, llama.cpp's `swiglu_oai`; the constants are
+/// the model's, which its GGUF files do not record). One plain loop, as `geglu`.
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let glu = x / (1.0 + (-ALPHA * x).exp());
+        *g = (u.clamp(-LIMIT, LIMIT) + 1.0) * glu;
+    }
+}
+
 /// `gate = gelu(gate) * up` with GELU's tanh approximation, the GeGLU activation (Gemma). One
 /// plain loop: the tanh is a small part of a pass next to the products around it.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {

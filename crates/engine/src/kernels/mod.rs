@@ -49,7 +49,8 @@ mod x86;
 pub use attention::{attend, attend_rows, attend_with, KvElem, KvElems, KvHead, TreeMask};
 pub use bandwidth::{f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use elementwise::{
-    axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_scalar,
+    axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_oai,
+    swiglu_scalar,
 };
 pub use isa::{isa, Isa};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};

@@ -14,16 +14,27 @@ use crate::gguf::GgufFile;
 use crate::kernels::{self, Isa, QMatrix};
 use crate::weights::{self, Precision};
 
-/// One expert's feed-forward block: `down(act(gate(x)) * up(x))`.
+/// One expert's feed-forward block: `down(act(gate(x)) * up(x))`, with gpt-oss's biases after
+/// each product.
 pub(super) struct Expert {
     pub(super) gate: QMatrix,
     pub(super) up: QMatrix,
     pub(super) down: QMatrix,
+    pub(super) biases: Option<ExpertBiases>,
+}
+
+/// An expert's biases (gpt-oss: `ffn_{gate,up,down}_exps.bias`, one row per expert).
+pub(super) struct ExpertBiases {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
 }
 
 pub(super) struct Mixture {
     /// `count x d_model`: a score per expert (`ffn_gate_inp`).
     pub(super) router: QMatrix,
+    /// Added to the scores (gpt-oss: `ffn_gate_inp.bias`).
+    pub(super) router_bias: Option<Vec<f32>>,
     pub(super) experts: Vec<Expert>,
     pub(super) moe: MoeConfig,
 }
@@ -47,6 +58,31 @@ impl Mixture {
         let (d, ff, count) = (d_model, moe.d_ff, moe.count);
         let router =
             weights::product_matrix(file, &p("ffn_gate_inp.weight"), count, d, precision, isa)?;
+        let router_bias = weights::optional_vector(file, &p("ffn_gate_inp.bias"), count)?;
+        // One bias row per expert, where the file has them (all three or none).
+        let bias_rows = |kind: &str, width: usize| -> Result<Option<Vec<Vec<f32>>>> {
+            let name = p(&format!("ffn_{kind}_exps.bias"));
+            let all = weights::optional_vector(file, &name, count * width)?;
+            Ok(all.map(|v| v.chunks(width).map(<[f32]>::to_vec).collect()))
+        };
+        let biases: Vec<Option<ExpertBiases>> = match (
+            bias_rows("gate", ff)?,
+            bias_rows("up", ff)?,
+            bias_rows("down", d)?,
+        ) {
+            (Some(g), Some(u), Some(dn)) => g
+                .into_iter()
+                .zip(u)
+                .zip(dn)
+                .map(|((gate, up), down)| Some(ExpertBiases { gate, up, down }))
+                .collect(),
+            (None, None, None) => (0..count).map(|_| None).collect(),
+            _ => {
+                return Err(crate::error::EngineError::BadMetadata(format!(
+                    "layer {layer}: the experts' gate, up and down biases must come together"
+                )))
+            }
+        };
         let one_per_expert = !file.has_tensor(&p("ffn_gate_exps.weight"))
             && file.has_tensor(&p("ffn_gate.0.weight"));
         let exps = |kind: &str, (rows, cols): (usize, usize)| -> Result<Vec<QMatrix>> {
@@ -69,10 +105,17 @@ impl Mixture {
             .into_iter()
             .zip(up)
             .zip(down)
-            .map(|((gate, up), down)| Expert { gate, up, down })
+            .zip(biases)
+            .map(|(((gate, up), down), biases)| Expert {
+                gate,
+                up,
+                down,
+                biases,
+            })
             .collect();
         Ok(Mixture {
             router,
+            router_bias,
             experts,
             moe,
         })
@@ -84,6 +127,11 @@ impl Mixture {
         let (d, ff, k) = (self.router.cols, self.moe.d_ff, self.moe.used);
         let mut scores = vec![0f32; n * self.moe.count];
         kernels::matmul(h, n, &self.router, &mut scores);
+        if let Some(b) = &self.router_bias {
+            for row in scores.chunks_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(s, b)| *s += b);
+            }
+        }
         let mut routes = Vec::with_capacity(n * k);
         let mut order = Vec::new();
         for s in scores.chunks(self.moe.count) {
@@ -114,10 +162,18 @@ impl Mixture {
                 m,
                 &mut [(&expert.gate, &mut gate), (&expert.up, &mut up)],
             );
-            for (g, u) in gate.chunks_mut(ff).zip(up.chunks(ff)) {
+            let biases = expert.biases.as_ref();
+            for (g, u) in gate.chunks_mut(ff).zip(up.chunks_mut(ff)) {
+                if let Some(b) = biases {
+                    add(g, &b.gate);
+                    add(u, &b.up);
+                }
                 activation(g, u);
             }
             kernels::matmul(&gate, m, &expert.down, &mut y);
+            if let Some(b) = biases {
+                y.chunks_mut(d).for_each(|row| add(row, &b.down));
+            }
             for (&(r, slot), yr) in rows.iter().zip(y.chunks(d)) {
                 outputs[(r * k + slot) * d..][..d].copy_from_slice(yr);
             }
@@ -154,6 +210,10 @@ impl Mixture {
             .sum();
         size(&self.router) + all * self.moe.used / self.moe.count.max(1)
     }
+}
+
+fn add(x: &mut [f32], b: &[f32]) {
+    x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
 }
 
 /// One row's choice: the `k` best-scored experts, best first (equal scores: the lower index

@@ -270,7 +270,7 @@ impl Model {
                 &b.v[r * kvd..(r + 1) * kvd],
             );
         }
-        self.attend(li, a.windowed, batch, plan, &b.q, &mut b.job_out);
+        self.attend(li, a, batch, plan, &b.q, &mut b.job_out);
         let group = c.n_head / c.n_kv_head;
         for (&(_, kvh, r0, r1), w) in jobs.list.iter().zip(jobs.bounds.windows(2)) {
             let part = &b.job_out[w[0]..w[1]];
@@ -279,6 +279,7 @@ impl Model {
             }
         }
         kernels::matmul(&b.att, n, &a.wo, &mut b.proj);
+        add_bias(&mut b.proj, a.bo.as_deref());
         if let Some(w) = &a.post_norm {
             norm_in_place(&mut b.proj, w, c.rms_eps, d);
         }
@@ -290,7 +291,7 @@ impl Model {
     fn attend(
         &self,
         li: usize,
-        windowed: bool,
+        a: &Attention,
         batch: &[BatchItem<'_>],
         plan: &Plan,
         q: &[f32],
@@ -303,8 +304,13 @@ impl Model {
         let scale = c.attn_scale;
         let isa = kernels::isa();
         let caches: Vec<&KvCache> = batch.iter().map(|b| &*b.cache).collect();
+        let windowed = a.windowed;
         let attend = |scores: &mut Vec<f32>, j: usize, out: &mut [f32]| {
             let (bi, kvh, r0, r1) = jobs.list[j];
+            let sinks = a
+                .sinks
+                .as_deref()
+                .map(|s| &s[kvh * group..(kvh + 1) * group]);
             let is_tree = !batch[bi].parents.is_empty();
             let start = rows.item_start[bi];
             let windowed_rows = windowed
@@ -326,7 +332,7 @@ impl Model {
                         rows: &bits,
                     });
                     let q0 = r * qd + kvh * group * hd;
-                    kernels::attend_rows(isa, &q[q0..], qd, 1, kv, scale, tree, scores, o);
+                    kernels::attend_rows(isa, &q[q0..], qd, 1, kv, scale, sinks, tree, scores, o);
                 }
                 return;
             }
@@ -336,7 +342,18 @@ impl Model {
                 start,
                 rows: &rows.mask[r0..r1],
             });
-            kernels::attend_rows(isa, &q[q0..], qd, r1 - r0, kv, scale, tree, scores, out);
+            kernels::attend_rows(
+                isa,
+                &q[q0..],
+                qd,
+                r1 - r0,
+                kv,
+                scale,
+                sinks,
+                tree,
+                scores,
+                out,
+            );
         };
         // Threads pay off once there are enough (row, head, position) triples.
         let work: usize = rows.slot.iter().map(|p| p + 1).sum::<usize>() * c.n_head * hd;
@@ -363,6 +380,7 @@ impl Model {
         let activation = match c.family().activation {
             Activation::Silu => kernels::swiglu,
             Activation::GeluTanh => kernels::geglu,
+            Activation::SiluClamped => kernels::swiglu_oai,
         };
         match &m.ffn {
             Ffn::Dense { gate, up, down } => {
@@ -483,7 +501,7 @@ impl RopeTable {
             .map(|i| {
                 let f = base.powf(-2.0 * i as f64 / dims as f64);
                 match &rope.factors {
-                    Some(factors) => f / factors[i] as f64,
+                    Some(factors) => f / factors[i],
                     None => f,
                 }
             })

@@ -11,8 +11,22 @@ fn textbook<E: KvElem>(
     qh: &[f32],
     keys: &[E],
     values: &[E],
+    strides: (usize, usize),
+    scale: f32,
+    seen: &[usize],
+) -> Vec<f64> {
+    textbook_with_sink(qh, keys, values, strides, scale, None, seen)
+}
+
+/// `textbook` with an attention sink: one more logit in the softmax, whose weight multiplies no
+/// value (gpt-oss's formula: the sink appended to the scores, softmax, the sink's share dropped).
+fn textbook_with_sink<E: KvElem>(
+    qh: &[f32],
+    keys: &[E],
+    values: &[E],
     (key_stride, value_stride): (usize, usize),
     scale: f32,
+    sink: Option<f32>,
     seen: &[usize],
 ) -> Vec<f64> {
     let hd = qh.len();
@@ -25,9 +39,14 @@ fn textbook<E: KvElem>(
             dot * scale as f64
         })
         .collect();
-    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sink = sink.map(f64::from);
+    let max = scores
+        .iter()
+        .chain(&sink)
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = weights.iter().sum();
+    let sum: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
     (0..hd)
         .map(|i| {
             let dot: f64 = seen
@@ -78,11 +97,77 @@ fn attend_all(
         rows,
         kv,
         scale,
+        None,
         tree,
         &mut scratch,
         &mut out,
     );
     out
+}
+
+/// Attention sinks (gpt-oss): sinks far below, near and far above the scores, over one block and
+/// several, one row and several: every implementation gives the plain version's bits, which are
+/// the textbook's values with the sink in the softmax, and a row in a batch equals it alone.
+#[test]
+fn attention_sinks_match_the_textbook() {
+    for &(hd, group, len, rows) in &[
+        (64usize, 2usize, 9usize, 1usize),
+        (64, 4, 150, 5),
+        (32, 8, 70, 3),
+    ] {
+        let q_stride = group * hd;
+        let q = random_vec((rows - 1) * q_stride + group * hd, 41 + hd as u64);
+        let key_stride = len.next_multiple_of(16);
+        let keys: Vec<f32> = random_vec(hd * key_stride, 42 + len as u64);
+        let values: Vec<f32> = random_vec(len * hd, 43 + len as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = KvHead::new(&keys, &values, key_stride, hd, hd, len);
+        let sinks: Vec<f32> = (0..group)
+            .map(|g| [-30.0, 0.0, 0.5, 3.0, 60.0][g % 5])
+            .collect();
+        let run = |isa: Isa, rows: usize, kv: KvHead<'_>, q: &[f32]| {
+            let mut out = vec![0f32; rows * group * hd];
+            let sinks = Some(&sinks[..]);
+            attend_rows(
+                isa,
+                q,
+                q_stride,
+                rows,
+                kv,
+                scale,
+                sinks,
+                None,
+                &mut Vec::new(),
+                &mut out,
+            );
+            out
+        };
+        let plain = run(Isa::Scalar, rows, kv, &q);
+        for r in 0..rows {
+            let seen: Vec<usize> = (0..len - (rows - 1 - r)).collect();
+            for g in 0..group {
+                let qh = &q[r * q_stride + g * hd..][..hd];
+                let sink = Some(sinks[g]);
+                let want =
+                    textbook_with_sink(qh, &keys, &values, (key_stride, hd), scale, sink, &seen);
+                let at = (r * group + g) * hd;
+                let what = format!("plain hd {hd} len {len} row {r} head {g} sink {}", sinks[g]);
+                assert_near(&plain[at..at + hd], &want, &what);
+            }
+        }
+        let no_sinks = attend_all(Isa::Scalar, &q, q_stride, rows, group, kv, scale, None);
+        assert_ne!(plain, no_sinks, "the sinks change the result");
+        for isa in Isa::available() {
+            let all = run(isa, rows, kv, &q);
+            assert_same_bits(&all, &plain, &format!("{isa:?} sinks hd {hd} len {len}"));
+            let last = KvHead {
+                len: len - (rows - 1),
+                ..kv
+            };
+            let alone = run(isa, 1, last, &q);
+            assert_same_bits(&all[..group * hd], &alone, &format!("{isa:?} row 0 alone"));
+        }
+    }
 }
 
 /// One row over a strided cache, for awkward head sizes, groups and lengths (one block, several,

@@ -15,7 +15,7 @@
 use super::online_softmax::BlockWeights;
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
-use crate::kernels::attention::{attend_plain, KvElem, KvOf, TreeMask, Visible};
+use crate::kernels::attention::{attend_plain, normalizer, KvElem, KvOf, TreeMask, Visible};
 use std::arch::x86_64::*;
 
 /// Queries whose scores, weights and values are computed together for a block: one score tile
@@ -371,6 +371,7 @@ unsafe fn attend_rows_wide<
     rows: usize,
     kv: KvOf<'_, E>,
     scale: f32,
+    sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     scratch: &mut Vec<f32>,
     out: &mut [f32],
@@ -406,7 +407,7 @@ unsafe fn attend_rows_wide<
         }
     }
     for j in 0..nq {
-        let inv = 1.0 / s.sum[j];
+        let inv = normalizer(s.max[j], s.sum[j], sinks.map(|k| k[j % group]));
         for o in &mut out[j * hd..(j + 1) * hd] {
             *o *= inv;
         }
@@ -561,11 +562,12 @@ pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     rows: usize,
     kv: KvOf<'_, E>,
     scale: f32,
+    sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, tree, scratch, out)
+    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
 }
 
 /// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
@@ -582,11 +584,14 @@ pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     rows: usize,
     kv: KvOf<'_, E>,
     scale: f32,
+    sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(q, q_stride, rows, kv, scale, tree, scratch, out)
+    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
+        q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+    )
 }
 
 /// `attention::attend_plain` compiled with FMA, so that its `mul_add`s are single instructions
@@ -599,8 +604,9 @@ pub(crate) unsafe fn attend_plain_fma<E: KvElem>(
     qh: &[f32],
     kv: KvOf<'_, E>,
     scale: f32,
+    sink: Option<f32>,
     seen: &[usize],
     out: &mut [f32],
 ) {
-    attend_plain(qh, kv, scale, seen, out)
+    attend_plain(qh, kv, scale, sink, seen, out)
 }
