@@ -201,6 +201,35 @@ impl Model {
         matrices + mixtures + self.token_embd.bytes.as_slice().len() / self.token_embd.rows.max(1)
     }
 
+    /// What the latest forward pass read of the mixtures of experts: the experts it ran per layer
+    /// (mean over the layers) and the bytes of their matrices (all layers). A pass reads each
+    /// expert its rows chose once, so over several rows this is the union of their choices.
+    /// `None` for a dense model.
+    pub fn experts_read(&self) -> Option<ExpertsRead> {
+        let layers = self.mixtures().count();
+        (layers > 0).then(|| {
+            let (n, bytes) = self
+                .mixtures()
+                .map(|x| x.last_read())
+                .fold((0, 0), |(n, b), (xn, xb)| (n + xn, b + xb));
+            ExpertsRead {
+                per_layer: n as f64 / layers as f64,
+                of: self.config.moe.map_or(0, |m| m.count),
+                bytes,
+            }
+        })
+    }
+
+    /// Bytes of weights a pass reads whatever its rows: every matrix but the experts' (the
+    /// router included), and one embedding row.
+    pub fn dense_weight_bytes(&self) -> usize {
+        let size = |m: &QMatrix| m.bytes.as_slice().len();
+        let routers: usize = self.mixtures().map(|x| size(&x.router)).sum();
+        self.token_matrices().map(size).sum::<usize>()
+            + routers
+            + self.token_embd.bytes.as_slice().len() / self.token_embd.rows.max(1)
+    }
+
     /// Multiply-adds of the matrix products per token: one per weight of every matrix it passes
     /// through (its embedding is a lookup; a mixture's experts as in `weight_bytes_per_token`).
     pub fn macs_per_token(&self) -> usize {
@@ -280,6 +309,17 @@ impl Model {
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         KvCache::new(self.kv_shape(), capacity.min(self.config.context_len))
     }
+}
+
+/// What a forward pass read of a model's mixtures of experts (`Model::experts_read`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertsRead {
+    /// Experts run per layer, on average over the layers.
+    pub per_layer: f64,
+    /// Experts per layer in all.
+    pub of: usize,
+    /// Bytes of the matrices of the experts run, over all layers.
+    pub bytes: usize,
 }
 
 /// One sequence's part of a forward pass.

@@ -24,6 +24,10 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 /// Qwen2's split pattern (contractions, letters, single digits, punctuation runs, newlines).
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o's (o200k) split pattern, gpt-oss's (`tokenizer.ggml.pre = gpt-4o`): cased words keep
+/// a leading capital run with their lower-case tail, contractions stay on their word, digits go
+/// in runs of up to three, punctuation runs take trailing newlines and slashes.
+const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's split pattern (digits in runs of up to three).
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -277,6 +281,11 @@ fn byte_level_bpe(
             ByteLevel::new(false, false, false).into(),
         ])
         .into(),
+        "gpt-4o" => Sequence::new(vec![
+            split(GPT4O_PATTERN)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into(),
         "llama-bpe" | "llama3" => Sequence::new(vec![
             split(LLAMA3_PATTERN)?,
             ByteLevel::new(false, false, false).into(),
@@ -290,7 +299,7 @@ fn byte_level_bpe(
         "gpt2" | "default" => ByteLevel::new(false, false, true).into(),
         other => {
             return Err(err(format!(
-            "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt2)"
+            "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, llama-bpe, gpt-4o, gpt2)"
         )))
         }
     };
@@ -489,5 +498,42 @@ mod tests {
         assert_eq!(t[&'Ġ'], b' ');
         assert_eq!(t[&'Ċ'], b'\n');
         assert_eq!(t[&'a'], b'a');
+    }
+
+    /// GPT-4o's pattern splits as tiktoken's o200k does: a capitalised word is one piece with its
+    /// space, contractions stay on their word, digits go in threes, a punctuation run keeps the
+    /// newline after it, and camel case splits before its capitals.
+    #[test]
+    fn gpt4o_pattern_splits_like_o200k() {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let split = Split::new(
+            SplitPattern::Regex(GPT4O_PATTERN.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .unwrap();
+        let text = "Hello World's 12345 getHTTPResponse;\n  x";
+        let mut pre = PreTokenizedString::from(text);
+        split.pre_tokenize(&mut pre).unwrap();
+        let pieces: Vec<String> = pre
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(p, _, _)| p.to_string())
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                "Hello",
+                " World's",
+                " ",
+                "123",
+                "45",
+                " get",
+                "HTTPResponse",
+                ";\n",
+                " ",
+                " x"
+            ]
+        );
     }
 }

@@ -93,9 +93,15 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             r.threads, r.context, r.kv_cache_dtype
         );
         for p in &r.passes {
+            let experts = match (p.experts_per_layer, p.expert_bytes) {
+                (Some(n), Some(b)) => {
+                    format!("; {n:.1} experts a layer, {:.0} MB of them", b as f64 / 1e6)
+                }
+                _ => String::new(),
+            };
             println!(
                 "  pass over {:>2} tokens: {:8.2} ms, fastest {:8.2}  ({:.2}x one token; limit {:.2} ms, \
-                 {:.0}% of it)",
+                 {:.0}% of it{experts})",
                 p.tokens,
                 p.ms,
                 p.fastest_ms,
@@ -148,6 +154,15 @@ fn prefill(model: &engine::Model, cache: &mut KvCache, toks: &[u32]) -> anyhow::
     Ok(())
 }
 
+/// One pass size's timing: rows, median and fastest ms, and in a mixture of experts what the
+/// pass read of them.
+struct Timed {
+    rows: usize,
+    ms: f64,
+    fastest_ms: f64,
+    experts: Option<engine::model::ExpertsRead>,
+}
+
 /// Each pass size over `context` cached positions (the cache cut back after each): its size, its
 /// median and its fastest time in ms over `repeats` runs after one warm-up.
 fn time_passes(
@@ -156,7 +171,7 @@ fn time_passes(
     tokens: &[u32],
     context: usize,
     repeats: usize,
-) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+) -> anyhow::Result<Vec<Timed>> {
     let sizes = [1usize, 2, 4, 8, 16, 32, 64];
     let mut passes = Vec::new();
     for &n in &sizes {
@@ -177,7 +192,12 @@ fn time_passes(
             }
         }
         let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
-        passes.push((n, median(times), fastest));
+        passes.push(Timed {
+            rows: n,
+            ms: median(times),
+            fastest_ms: fastest,
+            experts: model.experts_read(),
+        });
     }
     Ok(passes)
 }
@@ -246,14 +266,16 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         let attention: usize = (1..=tokens).map(|r| model.attention_macs(before + r)).sum();
         products + f32_peak.map_or(0.0, |p| attention as f64 / (p * 1e9))
     };
-    let limit_ms = |tokens: usize| {
-        let bytes = weight_bytes + model.cache_bytes_read(a.context + tokens);
+    // A mixture's pass reads the experts its rows chose (measured), not a token's average.
+    let limit_ms = |tokens: usize, experts: Option<engine::model::ExpertsRead>| {
+        let weights = experts.map_or(weight_bytes, |x| model.dense_weight_bytes() + x.bytes);
+        let bytes = weights + model.cache_bytes_read(a.context + tokens);
         let memory = bytes as f64 / (gb_s * 1e9);
         memory.max(compute_s(a.context, tokens)) * 1e3
     };
     // Prefill goes in chunks, each reading the weights once: its limit is its compute.
     let prefill_limit_tps = peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens));
-    let one = passes[0].1;
+    let one = passes[0].ms;
     Ok(ForwardRun {
         model: lm.name.clone(),
         model_path: lm.path.clone(),
@@ -262,13 +284,15 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         context: a.context,
         passes: passes
             .iter()
-            .map(|&(tokens, ms, fastest_ms)| PassTiming {
-                tokens,
-                ms,
-                fastest_ms,
-                ratio_to_one: ms / one,
-                limit_ms: limit_ms(tokens),
-                share_of_limit: limit_ms(tokens) / ms,
+            .map(|p| PassTiming {
+                tokens: p.rows,
+                ms: p.ms,
+                fastest_ms: p.fastest_ms,
+                ratio_to_one: p.ms / one,
+                limit_ms: limit_ms(p.rows, p.experts),
+                share_of_limit: limit_ms(p.rows, p.experts) / p.ms,
+                experts_per_layer: p.experts.map(|x| x.per_layer),
+                expert_bytes: p.experts.map(|x| x.bytes),
             })
             .collect(),
         decode_tokens_per_s: decode_tps,

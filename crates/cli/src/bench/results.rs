@@ -195,6 +195,13 @@ pub struct PassTiming {
     /// `limit_ms / ms`: 1.0 is at the limit.
     #[serde(default)]
     pub share_of_limit: f64,
+    /// In a mixture of experts: the experts the pass ran per layer (the union of its rows'
+    /// choices, averaged over the layers) and their matrices' bytes over all layers, which the
+    /// limit counts instead of a token's average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_per_layer: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bytes: Option<usize>,
 }
 
 fn f32_cache() -> String {

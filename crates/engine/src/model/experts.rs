@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kernels::{self, Isa, QMatrix};
 use crate::weights::{self, Precision};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One expert's feed-forward block: `down(act(gate(x)) * up(x))`, with gpt-oss's biases after
 /// each product.
@@ -23,6 +24,15 @@ pub(super) struct Expert {
     pub(super) biases: Option<ExpertBiases>,
 }
 
+impl Expert {
+    fn bytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .map(|m| m.bytes.as_slice().len())
+            .sum()
+    }
+}
+
 /// An expert's biases (gpt-oss: `ffn_{gate,up,down}_exps.bias`, one row per expert).
 pub(super) struct ExpertBiases {
     gate: Vec<f32>,
@@ -31,6 +41,8 @@ pub(super) struct ExpertBiases {
 }
 
 pub(super) struct Mixture {
+    /// What the latest pass read: experts run, and their matrices' bytes (for `bench forward`).
+    pub(super) last_read: (AtomicUsize, AtomicUsize),
     /// `count x d_model`: a score per expert (`ffn_gate_inp`).
     pub(super) router: QMatrix,
     /// Added to the scores (gpt-oss: `ffn_gate_inp.bias`).
@@ -114,6 +126,7 @@ impl Mixture {
             })
             .collect();
         Ok(Mixture {
+            last_read: Default::default(),
             router,
             router_bias,
             experts,
@@ -142,6 +155,14 @@ impl Mixture {
         for (i, &(e, _)) in routes.iter().enumerate() {
             members[e].push((i / k, i % k));
         }
+        let read = self
+            .experts
+            .iter()
+            .zip(&members)
+            .filter(|(_, m)| !m.is_empty());
+        let (count, bytes) = read.fold((0, 0), |(n, b), (e, _)| (n + 1, b + e.bytes()));
+        self.last_read.0.store(count, Ordering::Relaxed);
+        self.last_read.1.store(bytes, Ordering::Relaxed);
         // Every row's expert outputs, in the row's order of choice.
         let mut outputs = vec![0f32; n * k * d];
         let (mut x, mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -200,6 +221,12 @@ impl Mixture {
     /// Multiply-adds of one token: the router's and its `used` experts'.
     pub(super) fn macs_per_token(&self) -> usize {
         self.per_token(|m| m.rows * m.cols)
+    }
+
+    /// (experts run, bytes of their matrices) in the latest pass.
+    pub(super) fn last_read(&self) -> (usize, usize) {
+        let (n, b) = &self.last_read;
+        (n.load(Ordering::Relaxed), b.load(Ordering::Relaxed))
     }
 
     fn per_token(&self, size: impl Fn(&QMatrix) -> usize) -> usize {
