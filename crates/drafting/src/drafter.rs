@@ -242,6 +242,14 @@ impl Drafter {
         }
     }
 
+    /// Starts the price of a drafted row (in plain tokens, before any pass is measured) at
+    /// `price` instead of the dense-model prior [`PRIOR_PRICE`]: what a model whose rows cost more
+    /// (a mixture of experts, where a drafted row reads experts of its own) knows beforehand.
+    pub fn with_prior_price(mut self, price: f64) -> Self {
+        self.length = DraftLength::new(price);
+        self
+    }
+
     /// Drafts also from `corpus`: method `tree` with the corpus source on, and chains under
     /// [`MatchPolicy::Scored`] (whose candidates then include the corpus's continuations).
     pub fn set_corpus(&mut self, corpus: SharedCorpus) {

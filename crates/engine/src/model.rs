@@ -220,6 +220,20 @@ impl Model {
         })
     }
 
+    /// In a mixture of experts, what a drafted row costs before any pass is timed, in plain
+    /// tokens: the dense prior (`drafting::PRIOR_PRICE`) plus the bytes of the experts a
+    /// second row adds to a one-row pass over the bytes that pass reads. With routing that looks
+    /// independent, the second row's `used` choices miss the first row's with probability
+    /// `1 - used / count` each. `None` for a dense model (the drafter's own prior).
+    pub fn draft_price_prior(&self) -> Option<f64> {
+        let moe = self.config.moe?;
+        let experts: usize = self.mixtures().map(|x| x.expert_bytes()).sum();
+        let per_expert = experts as f64 / moe.count.max(1) as f64;
+        let one_row = self.dense_weight_bytes() as f64 + moe.used as f64 * per_expert;
+        let added = moe.used as f64 * (1.0 - moe.used as f64 / moe.count as f64) * per_expert;
+        Some(drafting::PRIOR_PRICE + added / one_row)
+    }
+
     /// Bytes of weights a pass reads whatever its rows: every matrix but the experts' (the
     /// router included), and one embedding row.
     pub fn dense_weight_bytes(&self) -> usize {

@@ -99,7 +99,11 @@ impl Sequence {
                     ..config.speculation
                 }
             };
-            Some(Drafter::new(&spec, &prompt))
+            let drafter = Drafter::new(&spec, &prompt);
+            Some(match model.draft_price_prior() {
+                Some(price) => drafter.with_prior_price(price),
+                None => drafter,
+            })
         } else {
             None
         };

@@ -571,3 +571,24 @@ fn tiny_mixtral_layouts_agree_bit_for_bit() {
         assert!(logits(&merged.1) == logits(&split.1));
     }
 }
+
+/// A mixture of experts starts its drafters at a price that counts the experts a drafted row
+/// adds (the tiny Qwen3-MoE: a second row misses the first row's 2 of 8 experts with probability
+/// 3/4 each); a dense model keeps the drafters' own prior.
+#[test]
+fn mixtures_price_drafted_rows_by_the_experts_they_add() {
+    for (r, lm) in models() {
+        let prior = lm.model.draft_price_prior();
+        match (lm.model.config.moe, prior) {
+            (None, None) => {}
+            (Some(_), Some(p)) => {
+                assert!(
+                    p > drafting::PRIOR_PRICE + 0.1 && p < 2.0,
+                    "{}: {p}",
+                    r.name
+                )
+            }
+            other => panic!("{}: {other:?}", r.name),
+        }
+    }
+}

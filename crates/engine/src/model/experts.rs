@@ -223,6 +223,11 @@ impl Mixture {
         self.per_token(|m| m.rows * m.cols)
     }
 
+    /// Bytes of every expert's matrices.
+    pub(super) fn expert_bytes(&self) -> usize {
+        self.experts.iter().map(Expert::bytes).sum()
+    }
+
     /// (experts run, bytes of their matrices) in the latest pass.
     pub(super) fn last_read(&self) -> (usize, usize) {
         let (n, b) = &self.last_read;
