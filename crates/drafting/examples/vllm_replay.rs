@@ -11,7 +11,8 @@
 //!   -k N             draft length K (default 8)
 //!   --nmin N, --nmax N   n-gram sizes (default 1..4)
 //!   --policy NAME    match policy (default scored)
-//!   --decay X, --min-path-p X, --max-occurrences N   settings of the scored policy
+//!   --decay X, --min-path-p X, --max-occurrences N, --min-token-p X
+//!                    settings of the scored policy (--min-token-p: drafts sized by evidence)
 //!   --corpus         every finished row's output joins a corpus later rows also draft from
 //!                    (vLLM's suffix decoding keeps its earlier responses the same way)
 //!   --json FILE      write the counts per category as JSON
@@ -85,7 +86,12 @@ fn load(path: &str) -> Vec<Row> {
         .find(|r| r["drafter"] == "none")
         .expect("a plain greedy run");
     let outputs = greedy["outputs"].as_array().expect("outputs");
-    for (p, out) in v["prompts"].as_array().expect("prompts").iter().zip(outputs) {
+    for (p, out) in v["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .zip(outputs)
+    {
         let file = p["file"].as_str().unwrap_or_default();
         let prefix = file.split('-').next().unwrap_or_default();
         rows.push(Row {
@@ -156,6 +162,7 @@ fn main() {
             "--decay" => params.decay = value().parse().expect("--decay X"),
             "--min-path-p" => params.min_path_probability = value().parse().expect("X"),
             "--max-occurrences" => params.max_occurrences = value().parse().expect("N"),
+            "--min-token-p" => params.min_token_probability = value().parse().expect("X"),
             "--corpus" => with_corpus = true,
             "--json" => json_out = Some(value()),
             "-h" | "--help" => {
@@ -212,7 +219,10 @@ fn main() {
         );
     }
     if let Some(path) = json_out {
-        std::fs::write(&path, serde_json::to_string_pretty(&Value::Object(out)).expect("json"))
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&Value::Object(out)).expect("json"),
+        )
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
     }
 }
