@@ -14,7 +14,7 @@
 //!   --scaling        time proposals at 1k-128k tokens of context for batches of 64 and 256
 //!   --steps N        steps timed per scaling case (default 30)
 //!   --max-batch-tokens N   skip scaling cases holding more tokens than this (default 40M)
-//!   --decay X, --min-path-p X, --max-occurrences N
+//!   --decay X, --min-path-p X, --min-token-p X, --max-occurrences N
 //!                    settings of the scored policy (default: ScoreParams::default())
 //!   --json FILE      write every result as JSON
 //!   --show-proxies   print the proxy answers built from the workloads, and stop
@@ -887,7 +887,7 @@ fn main() {
     let mut json_out: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     let usage = "usage: replay [--bench DIR|none] [--units bytes,words] [--sweep] [--scaling] \
-                 [--steps N] [--max-batch-tokens N] [--decay X] [--min-path-p X] [--max-occurrences N] \
+                 [--steps N] [--max-batch-tokens N] [--decay X] [--min-path-p X] [--min-token-p X] [--max-occurrences N] \
                  [--json FILE] [--show-proxies] [TRACES.json ...]";
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -915,6 +915,11 @@ fn main() {
                 params.min_path_probability = value("--min-path-p")
                     .parse()
                     .expect("--min-path-p: a number")
+            }
+            "--min-token-p" => {
+                params.min_token_probability = value("--min-token-p")
+                    .parse()
+                    .expect("--min-token-p: a number")
             }
             "--max-occurrences" => {
                 params.max_occurrences = value("--max-occurrences")

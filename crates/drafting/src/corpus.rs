@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use crate::config::NgramConfig;
-use crate::scored::Candidates;
+use crate::scored::{match_length, Candidates};
 use crate::NgramIndex;
 
 /// Default most tokens a corpus holds.
@@ -134,7 +134,7 @@ impl Corpus {
                     .unwrap_or(run.len())];
                 if !run.is_empty() {
                     found = Some(n);
-                    candidates.push(run, from - n);
+                    candidates.push(run, from - n, match_length(tokens, from, suffix));
                 }
                 true
             });

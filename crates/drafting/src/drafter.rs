@@ -67,7 +67,7 @@ fn scored_with_corpus(
     let mut own = Candidates::new(params.max_occurrences);
     let own_n = index.scored_candidates(k, cursor, &mut own);
     let tokens = index.tokens();
-    let suffix = &tokens[tokens.len().saturating_sub(MAX_NGRAM)..];
+    let suffix = &tokens[tokens.len().saturating_sub(crate::scored::MAX_MATCH)..];
     let mut theirs = Candidates::new(params.max_occurrences);
     let their_n = corpus.scored_candidates(suffix, k, &mut theirs);
     // The candidates drafted from, and how many of them (the first) are the sequence's.
@@ -82,7 +82,7 @@ fn scored_with_corpus(
         (Some(a), None) => (a, &own, own.len()),
         (_, Some(b)) => (b, &theirs, 0),
     };
-    let best = candidates.best_path(k, &params, out);
+    let best = candidates.draft(k, &params, out);
     Some((n, (best < in_sequence).then(|| candidates.start(best) + n)))
 }
 

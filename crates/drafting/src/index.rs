@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::config::{MatchPolicy, NgramConfig, MAX_NGRAM};
 use crate::hash::{fold, BuildKeyHasher, SEED};
-use crate::scored::{Candidates, ScoreParams};
+use crate::scored::{match_length, Candidates, ScoreParams};
 use crate::Match;
 
 /// Marks "no position" in the `u32` position arrays.
@@ -272,7 +272,7 @@ impl NgramIndex {
     fn propose_scored(&self, k: usize, cursor: Option<usize>, out: &mut Vec<u32>) -> Option<Match> {
         let mut candidates = Candidates::new(self.score.max_occurrences);
         let n = self.scored_candidates(k, cursor, &mut candidates)?;
-        let best = candidates.best_path(k, &self.score, out);
+        let best = candidates.draft(k, &self.score, out);
         Some(Match {
             n,
             start: candidates.start(best),
@@ -311,7 +311,9 @@ impl NgramIndex {
             let exact =
                 cursor.filter(|&from| from >= n && from < len && &tokens[from - n..from] == suffix);
             if let Some(from) = exact {
-                candidates.push(&tokens[from..(from + k).min(len)], from - n);
+                let m = match_length(tokens, from, tokens);
+                candidates.push(&tokens[from..(from + k).min(len)], from - n, m);
+                candidates.at_cursor = before == 0;
             }
             let mut end = slot.recent;
             while end != NONE && !candidates.is_full() {
@@ -319,7 +321,8 @@ impl NgramIndex {
                 // A different n-gram with the same key (a hash collision) is skipped.
                 if &tokens[e + 1 - n..=e] == suffix && Some(e + 1) != exact {
                     let from = e + 1;
-                    candidates.push(&tokens[from..(from + k).min(len)], e + 1 - n);
+                    let m = match_length(tokens, from, tokens);
+                    candidates.push(&tokens[from..(from + k).min(len)], e + 1 - n, m);
                 }
                 end = level.prev[e];
             }

@@ -44,6 +44,7 @@ mod by_source;
 mod config;
 mod corpus;
 mod drafter;
+mod evidence;
 mod hash;
 mod index;
 mod length;

@@ -43,6 +43,23 @@
 /// [`ScoreParams::max_occurrences`]).
 pub const MAX_SCORED_OCCURRENCES: usize = 64;
 
+/// The longest match (tokens before a continuation that agree with the end of the sequence)
+/// told apart: SuffixDecoding's default tree depth in vLLM.
+pub const MAX_MATCH: usize = 24;
+
+/// How many tokens before `end` (exclusive) in `tokens` agree with the end of `suffix`, at most
+/// [`MAX_MATCH`].
+#[inline]
+pub(crate) fn match_length(tokens: &[u32], end: usize, suffix: &[u32]) -> usize {
+    tokens[..end]
+        .iter()
+        .rev()
+        .zip(suffix.iter().rev())
+        .take(MAX_MATCH)
+        .take_while(|(a, b)| a == b)
+        .count()
+}
+
 /// Smallest accepted [`ScoreParams::decay`].
 const MIN_DECAY: f64 = 0.01;
 
@@ -64,6 +81,12 @@ pub struct ScoreParams {
     /// Drafting stops before the token that would take the estimated probability of the whole
     /// draft below this (0: never cut on evidence).
     pub min_path_probability: f64,
+    /// Above 0, drafts are sized by evidence instead (see `evidence.rs`): at every match length
+    /// among the examined occurrences, each token's estimated probability of being accepted
+    /// (its share of the continuations times the reliability of a copy matching that long) must
+    /// stay at or above this; `min_path_probability` is then unused. 0 (the default) keeps the
+    /// heaviest path cut by `min_path_probability`.
+    pub min_token_probability: f64,
 }
 
 impl Default for ScoreParams {
@@ -72,6 +95,7 @@ impl Default for ScoreParams {
             max_occurrences: 32,
             decay: 0.6,
             min_path_probability: 0.4,
+            min_token_probability: 0.0,
         }
     }
 }
@@ -92,10 +116,16 @@ impl ScoreParams {
         } else {
             self.min_path_probability.clamp(0.0, 1.0)
         };
+        let min_token_probability = if self.min_token_probability.is_nan() {
+            default.min_token_probability
+        } else {
+            self.min_token_probability.clamp(0.0, 1.0)
+        };
         ScoreParams {
             max_occurrences: self.max_occurrences.clamp(1, MAX_SCORED_OCCURRENCES),
             decay,
             min_path_probability,
+            min_token_probability,
         }
     }
 
@@ -113,6 +143,11 @@ pub(crate) struct Candidates<'a> {
     runs: [&'a [u32]; MAX_SCORED_OCCURRENCES],
     /// Where each occurrence starts in its own sequence (reported in the [`Match`](crate::Match)).
     starts: [u32; MAX_SCORED_OCCURRENCES],
+    /// How many tokens before each continuation agree with the end of the sequence (its match
+    /// length, at least the n-gram's size, at most [`MAX_MATCH`]).
+    matched: [u16; MAX_SCORED_OCCURRENCES],
+    /// Whether candidate 0 continues where the copy in progress stands (the cursor).
+    pub(crate) at_cursor: bool,
     len: usize,
     cap: usize,
 }
@@ -124,6 +159,8 @@ impl<'a> Candidates<'a> {
         Candidates {
             runs: [&[]; MAX_SCORED_OCCURRENCES],
             starts: [0; MAX_SCORED_OCCURRENCES],
+            matched: [0; MAX_SCORED_OCCURRENCES],
+            at_cursor: false,
             len: 0,
             cap: cap.clamp(1, MAX_SCORED_OCCURRENCES),
         }
@@ -137,12 +174,13 @@ impl<'a> Candidates<'a> {
         self.len >= self.cap
     }
 
-    /// Adds the continuation `run` of the next older occurrence (starting at `start`); ignored
-    /// when full.
-    pub(crate) fn push(&mut self, run: &'a [u32], start: usize) {
+    /// Adds the continuation `run` of the next older occurrence (starting at `start`, its match
+    /// `matched` tokens long); ignored when full.
+    pub(crate) fn push(&mut self, run: &'a [u32], start: usize, matched: usize) {
         if !self.is_full() {
             self.runs[self.len] = run;
             self.starts[self.len] = start.min(u32::MAX as usize) as u32;
+            self.matched[self.len] = matched.min(MAX_MATCH) as u16;
             self.len += 1;
         }
     }
@@ -150,7 +188,11 @@ impl<'a> Candidates<'a> {
     /// Appends `other`'s candidates after these (they rank as older), as many as fit.
     pub(crate) fn extend(&mut self, other: &Candidates<'a>) {
         for i in 0..other.len {
-            self.push(other.runs[i], other.starts[i] as usize);
+            self.push(
+                other.runs[i],
+                other.starts[i] as usize,
+                other.matched[i] as usize,
+            );
         }
     }
 
@@ -158,6 +200,28 @@ impl<'a> Candidates<'a> {
     pub(crate) fn promote(&mut self, at: usize, i: usize) {
         self.runs[at..=i].rotate_right(1);
         self.starts[at..=i].rotate_right(1);
+        self.matched[at..=i].rotate_right(1);
+    }
+
+    /// The continuation of candidate `i`.
+    pub(crate) fn run(&self, i: usize) -> &'a [u32] {
+        self.runs[i]
+    }
+
+    /// The match length of candidate `i`.
+    pub(crate) fn matched(&self, i: usize) -> usize {
+        usize::from(self.matched[i])
+    }
+
+    /// The draft for `k` tokens under `params`: [`best_path`](Self::best_path), or the evidence
+    /// walk where `params.min_token_probability` is set; returns the rank of the most recent
+    /// candidate that follows it.
+    pub(crate) fn draft(&self, k: usize, params: &ScoreParams, out: &mut Vec<u32>) -> usize {
+        if params.min_token_probability > 0.0 {
+            crate::evidence::evidence_path(self, k, params, out)
+        } else {
+            self.best_path(k, params, out)
+        }
     }
 
     /// The start of candidate `i`.
@@ -250,7 +314,7 @@ mod tests {
     fn draft(runs: &[&[u32]], k: usize, params: &ScoreParams) -> (Vec<u32>, usize) {
         let mut c = Candidates::new(params.max_occurrences);
         for (i, r) in runs.iter().enumerate() {
-            c.push(r, 100 + i);
+            c.push(r, 100 + i, 1);
         }
         let mut out = Vec::new();
         let rep = c.best_path(k, params, &mut out);
@@ -262,6 +326,7 @@ mod tests {
             max_occurrences: MAX_SCORED_OCCURRENCES,
             decay,
             min_path_probability: min_p,
+            min_token_probability: 0.0,
         }
     }
 
@@ -316,6 +381,7 @@ mod tests {
             max_occurrences: 0,
             decay: f64::NAN,
             min_path_probability: 3.0,
+            min_token_probability: f64::NAN,
         }
         .sanitized();
         assert_eq!(p.max_occurrences, 1);
@@ -325,12 +391,14 @@ mod tests {
             max_occurrences: 1000,
             decay: 0.0,
             min_path_probability: -1.0,
+            min_token_probability: 2.0,
         }
         .sanitized();
         assert_eq!(
             (p.max_occurrences, p.decay, p.min_path_probability),
             (MAX_SCORED_OCCURRENCES, MIN_DECAY, 0.0)
         );
+        assert_eq!(p.min_token_probability, 1.0);
         assert_eq!(p.weight(0), 1 << 32);
         assert_eq!(p.weight(63), 1, "weights never reach 0");
     }
@@ -338,9 +406,9 @@ mod tests {
     #[test]
     fn the_cap_bounds_the_candidates() {
         let mut c = Candidates::new(2);
-        c.push(&[1], 0);
-        c.push(&[2], 1);
-        c.push(&[3], 2);
+        c.push(&[1], 0, 1);
+        c.push(&[2], 1, 1);
+        c.push(&[3], 2, 1);
         assert_eq!(c.len(), 2);
         assert!(c.is_full());
     }

@@ -235,6 +235,7 @@ fn score_params() -> impl Strategy<Value = ScoreParams> {
                 max_occurrences,
                 decay,
                 min_path_probability,
+                min_token_probability: 0.0,
             }),
     ]
 }
