@@ -42,16 +42,17 @@ fn main() {
     let packing: Vec<Isa> = isas.iter().copied().filter(|i| i.packs()).collect();
     println!("format m {natural:?} (then {packing:?} on the interleaved layout)");
     for dtype in [
-        GgmlDType::Q4K,
-        GgmlDType::Q6K,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
+        TensorType::Ggml(GgmlDType::Q4K),
+        TensorType::Ggml(GgmlDType::Q6K),
+        TensorType::Ggml(GgmlDType::Q8_0),
+        TensorType::Ggml(GgmlDType::Q4_0),
+        TensorType::Ggml(GgmlDType::Q4_1),
+        TensorType::Ggml(GgmlDType::Q5_0),
+        TensorType::Mxfp4,
     ] {
         if only_format
             .as_ref()
-            .is_some_and(|f| *f != format!("{dtype:?}"))
+            .is_some_and(|f| *f != format!("{dtype}"))
         {
             continue;
         }
@@ -92,7 +93,7 @@ fn main() {
                 .collect();
             let fastest = best.iter().copied().fold(f64::INFINITY, f64::min);
             let gmacs = (m * rows * cols) as f64 / fastest / 1e9;
-            println!("{dtype:?} {m} {} {gmacs:6.1}", cells.join(" "));
+            println!("{dtype} {m} {} {gmacs:6.1}", cells.join(" "));
         }
     }
 }

@@ -33,7 +33,7 @@ fn main() {
             }
             let s = t.elapsed().as_secs_f64() / reps as f64;
             println!(
-                "{name:28} {:?} {}x{} m={m}: {:.3} ms {:.1} GB/s",
+                "{name:28} {} {}x{} m={m}: {:.3} ms {:.1} GB/s",
                 w.dtype,
                 w.rows,
                 w.cols,

@@ -23,7 +23,7 @@ pub fn matrix(file: &GgufFile, name: &str) -> Result<QMatrix> {
     if !kernels::is_supported(tensor.dtype) {
         return Err(EngineError::UnsupportedTensorType {
             name: name.into(),
-            dtype: format!("{:?}", tensor.dtype),
+            dtype: tensor.dtype.to_string(),
         });
     }
     QMatrix::new(tensor.dtype, rows, cols, tensor.bytes).map_err(|reason| {
@@ -56,7 +56,7 @@ pub fn expert_matrices(
     if !kernels::is_supported(tensor.dtype) {
         return Err(EngineError::UnsupportedTensorType {
             name: name.into(),
-            dtype: format!("{:?}", tensor.dtype),
+            dtype: tensor.dtype.to_string(),
         });
     }
     let bad = |reason: String| EngineError::BadModelFile {

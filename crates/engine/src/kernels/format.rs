@@ -3,14 +3,17 @@
 //! (see `packed`), and how a block decodes to integers and scales. The plain kernels, the packing
 //! and the SIMD kernels all take their sizes and offsets from here.
 //!
-//! Offsets are in bytes from the start of a block (or packed unit); scales and minimums are f16.
-//! Every packed unit starts with the scales of its sixteen rows (`PACKED_D`), one group of sixteen
-//! per block for the 32-element formats, and is a whole number of 64-byte lines.
+//! Offsets are in bytes from the start of a block (or packed unit); scales and minimums are f16,
+//! except MXFP4's, which are powers of two f16 cannot hold (an E8M0 exponent byte in the GGUF block,
+//! the exact f32 in the packed unit). Every packed unit starts with the scales of its sixteen rows
+//! (`PACKED_D`), one group of sixteen per block for the 32-element formats, and is a whole number
+//! of 64-byte lines.
 
+use super::dtype::TensorType;
 use half::f16;
 
-/// Where a packed unit keeps its rows' f16 scales `d`: `d[16]`, or `d[2][16]` for the two blocks
-/// of a 32-element unit.
+/// Where a packed unit keeps its rows' scales `d`: `d[16]`, or `d[2][16]` for the two blocks of a
+/// 32-element unit (f16; f32 for MXFP4).
 pub const PACKED_D: usize = 0;
 
 /// Q4_0: 32 values `d * (q - 8)`, `q` of 4 bits.
@@ -66,6 +69,75 @@ pub mod q8_0 {
     pub const PACKED_QS: usize = 64;
 }
 
+/// MXFP4 (ggml type 39, gpt-oss's experts): 32 values `KVALUES[c] * 2^(e - 128)`, `c` a 4-bit
+/// code and `e` an E8M0 exponent byte; `KVALUES` are the E2M1 values doubled (hence the exponent
+/// bias of 128 rather than 127), as ggml decodes them.
+pub mod mxfp4 {
+    pub const ELEMS: usize = 32;
+    pub const BYTES: usize = 17;
+    /// The E8M0 exponent byte.
+    pub const E: usize = 0;
+    /// 16 bytes of codes, laid out as Q4_0's values.
+    pub const QS: usize = 1;
+    /// The value of each code: the E2M1 numbers times two (ggml's `kvalues_mxfp4`).
+    pub const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+    /// Added to every value by the packed kernels (and the natural-layout ones without sign
+    /// handling), so that the weights are unsigned (0..24) against signed activations; minus it
+    /// times the activation sum takes it back out (`OFFSET_MXFP4`).
+    pub const BIAS: i8 = 12;
+    /// A packed unit: `d[2][16]` as f32 (128 bytes), then the codes of the two blocks as Q4_0's
+    /// values.
+    pub const PACKED_BYTES: usize = 640;
+    pub const PACKED_QS: usize = 128;
+
+    /// `2^(e - 128)`, exactly (`e` 0 and 1 give the subnormals 2^-128 and 2^-127).
+    #[inline(always)]
+    pub fn scale(e: u8) -> f32 {
+        if e < 2 {
+            f32::from_bits(0x0020_0000 << e)
+        } else {
+            f32::from_bits((e as u32 - 1) << 23)
+        }
+    }
+
+    /// The 32 values of a block, each `KVALUES[c] * scale(e)` as ggml computes it.
+    pub fn dequantize_block(blk: &[u8], out: &mut [f32]) {
+        let d = scale(blk[E]);
+        for j in 0..16 {
+            let q = blk[QS + j];
+            out[j] = KVALUES[(q & 0xF) as usize] as f32 * d;
+            out[j + 16] = KVALUES[(q >> 4) as usize] as f32 * d;
+        }
+    }
+
+    /// 32 values to one block, as ggml's reference quantizer does: the exponent puts the largest
+    /// magnitude at 8..16 times the scale (`floor(log2(amax)) - 2` with the bias of 127, read
+    /// from the float's exponent bits where it is normal), then each value takes the code nearest
+    /// it (the first on a tie; past 12 times the scale, 12).
+    pub fn quantize_block(x: &[f32], blk: &mut [u8]) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let e = if amax > 0.0 {
+            let log2 = if amax.is_normal() {
+                ((amax.to_bits() >> 23) as i32 - 127) as f32
+            } else {
+                amax.log2().floor()
+            };
+            (log2 - 2.0 + 127.0) as u8
+        } else {
+            0
+        };
+        let d = scale(e);
+        let best = |v: f32| {
+            let err = |c: usize| (KVALUES[c] as f32 * d - v).abs();
+            (1..16).fold(0, |b, c| if err(c) < err(b) { c } else { b }) as u8
+        };
+        blk[E] = e;
+        for j in 0..16 {
+            blk[QS + j] = best(x[j]) | (best(x[j + 16]) << 4);
+        }
+    }
+}
+
 /// Q4_K: super-blocks of 256 values in eight sub-blocks of 32, `d * scale * q - dmin * min` with
 /// `q` of 4 bits and a 6-bit scale and min per sub-block.
 pub mod q4k {
@@ -117,6 +189,7 @@ macro_rules! of_format {
             Format::Q8_0 => q8_0::$name,
             Format::Q4K => q4k::$name,
             Format::Q6K => q6k::$name,
+            Format::Mxfp4 => mxfp4::$name,
         }
     };
 }
@@ -131,11 +204,17 @@ pub enum Format {
     Q8_0,
     Q4K,
     Q6K,
+    Mxfp4,
 }
 
 impl Format {
-    pub fn from_ggml(d: candle_core::quantized::GgmlDType) -> Option<Self> {
+    /// The format of a tensor type, if it is one of ours.
+    pub fn from_type(t: impl Into<TensorType>) -> Option<Self> {
         use candle_core::quantized::GgmlDType as G;
+        let d = match t.into() {
+            TensorType::Mxfp4 => return Some(Format::Mxfp4),
+            TensorType::Ggml(d) => d,
+        };
         Some(match d {
             G::Q4_0 => Format::Q4_0,
             G::Q4_1 => Format::Q4_1,
@@ -150,13 +229,14 @@ impl Format {
     /// The format whose `Format::X as u8` is `code`: the SIMD kernels take the format as a const
     /// parameter, which an enum cannot be.
     pub const fn from_code(code: u8) -> Self {
-        const ALL: [Format; 6] = [
+        const ALL: [Format; 7] = [
             Format::Q4_0,
             Format::Q4_1,
             Format::Q5_0,
             Format::Q8_0,
             Format::Q4K,
             Format::Q6K,
+            Format::Mxfp4,
         ];
         let f = ALL[code as usize];
         assert!(f as u8 == code, "not a format code");
@@ -168,9 +248,26 @@ impl Format {
         (of_format!(self, ELEMS), of_format!(self, BYTES))
     }
 
-    /// Where a block keeps its f16 scale `d`.
+    /// Where a block keeps its f16 scale `d` (MXFP4 has an exponent byte instead: `scale32`).
     pub const fn d_at(self) -> usize {
-        of_format!(self, D)
+        match self {
+            Format::Q4_0 => q4_0::D,
+            Format::Q4_1 => q4_1::D,
+            Format::Q5_0 => q5_0::D,
+            Format::Q8_0 => q8_0::D,
+            Format::Q4K => q4k::D,
+            Format::Q6K => q6k::D,
+            Format::Mxfp4 => panic!("MXFP4 has no f16 scale"),
+        }
+    }
+
+    /// The float scale of one block of a 32-element format.
+    #[inline(always)]
+    pub fn scale32(self, blk: &[u8]) -> f32 {
+        match self {
+            Format::Mxfp4 => mxfp4::scale(blk[mxfp4::E]),
+            _ => f16_at(blk, self.d_at()),
+        }
     }
 
     /// The activation block size the format's kernel wants.
@@ -198,13 +295,14 @@ impl Format {
             Format::Q5_0 => q5_0::PACKED_QS,
             Format::Q4_0 => q4_0::PACKED_QS,
             Format::Q8_0 => q8_0::PACKED_QS,
+            Format::Mxfp4 => mxfp4::PACKED_QS,
             Format::Q4K | Format::Q6K => panic!("256-element format"),
         }
     }
 
     /// Decodes one block of a 32-element format into integers `w` with `value = scale * w + offset`.
     pub fn decode32(self, blk: &[u8], w: &mut [i8; 32]) -> (f32, f32) {
-        let d = f16_at(blk, self.d_at());
+        let d = self.scale32(blk);
         match self {
             Format::Q4_0 | Format::Q4_1 => {
                 let qs = &blk[if self == Format::Q4_0 {
@@ -238,6 +336,12 @@ impl Format {
             Format::Q8_0 => {
                 for j in 0..32 {
                     w[j] = blk[q8_0::QS + j] as i8;
+                }
+                (d, 0.0)
+            }
+            Format::Mxfp4 => {
+                for (j, c) in mxfp4_codes(blk).iter().enumerate() {
+                    w[j] = mxfp4::KVALUES[*c as usize];
                 }
                 (d, 0.0)
             }
@@ -297,6 +401,11 @@ impl Format {
                     .map(|e| d * sc[e / 16] as f32 * (w[e] as i32 - 32) as f32)
                     .collect()
             }
+            Format::Mxfp4 => {
+                let mut out = vec![0f32; 32];
+                mxfp4::dequantize_block(sb, &mut out);
+                out
+            }
             _ => {
                 let mut w = [0i8; 32];
                 let (s, o) = self.decode32(sb, &mut w);
@@ -304,6 +413,16 @@ impl Format {
             }
         }
     }
+}
+
+/// The 4-bit codes of an MXFP4 block, in order.
+pub fn mxfp4_codes(blk: &[u8]) -> [u8; 32] {
+    let mut c = [0u8; 32];
+    for j in 0..16 {
+        c[j] = blk[mxfp4::QS + j] & 0xF;
+        c[j + 16] = blk[mxfp4::QS + j] >> 4;
+    }
+    c
 }
 
 /// The f16 at `bytes[at..at + 2]` as f32.

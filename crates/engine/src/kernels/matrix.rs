@@ -2,7 +2,8 @@
 //! window into the memory-mapped model file, or an owned buffer), checked once, with an optional
 //! interleaved copy for the packed kernels.
 
-use super::format::Format;
+use super::dtype::TensorType;
+use super::format::{mxfp4, Format};
 use super::isa::Isa;
 use super::packed;
 use candle_core::quantized::k_quants::GgmlType;
@@ -151,7 +152,7 @@ impl Bytes {
 /// GGUF block formats.
 #[derive(Clone)]
 pub struct QMatrix {
-    pub dtype: GgmlDType,
+    pub dtype: TensorType,
     pub rows: usize,
     pub cols: usize,
     pub bytes: Bytes,
@@ -160,33 +161,39 @@ pub struct QMatrix {
 }
 
 /// The block formats this module can compute with.
-pub fn is_supported(dtype: GgmlDType) -> bool {
-    !matches!(dtype, GgmlDType::Q8_1)
+pub fn is_supported(dtype: TensorType) -> bool {
+    !matches!(dtype, TensorType::Ggml(GgmlDType::Q8_1))
 }
 
 impl QMatrix {
     /// Checks that the bytes hold exactly `rows * cols` elements of `dtype`, rows made of whole
     /// blocks, and that they are aligned for in-place viewing. Returns a message naming the problem.
-    pub fn new(dtype: GgmlDType, rows: usize, cols: usize, bytes: Bytes) -> Result<Self, String> {
+    pub fn new(
+        dtype: impl Into<TensorType>,
+        rows: usize,
+        cols: usize,
+        bytes: Bytes,
+    ) -> Result<Self, String> {
+        let dtype = dtype.into();
         if !is_supported(dtype) {
-            return Err(format!("tensor type {dtype:?} is not supported"));
+            return Err(format!("tensor type {dtype} is not supported"));
         }
         let bs = dtype.block_size();
         if !cols.is_multiple_of(bs) {
             return Err(format!(
-                "row length {cols} is not a multiple of the {dtype:?} block size {bs}"
+                "row length {cols} is not a multiple of the {dtype} block size {bs}"
             ));
         }
         let expected = rows * (cols / bs) * dtype.type_size();
         let slice = bytes.as_slice();
         if slice.len() != expected {
             return Err(format!(
-                "{} bytes where {rows}x{cols} {dtype:?} needs {expected}",
+                "{} bytes where {rows}x{cols} {dtype} needs {expected}",
                 slice.len()
             ));
         }
-        if !(slice.as_ptr() as usize).is_multiple_of(4) {
-            return Err("tensor data is not 4-byte aligned".into());
+        if !(slice.as_ptr() as usize).is_multiple_of(dtype.align()) {
+            return Err(format!("tensor data is not {}-byte aligned", dtype.align()));
         }
         Ok(QMatrix {
             dtype,
@@ -202,7 +209,7 @@ impl QMatrix {
     /// on every product with this matrix under `isa` uses it.
     pub fn packed_for(mut self, isa: Isa) -> Self {
         if isa.packs() {
-            if let Some(f) = Format::from_ggml(self.dtype) {
+            if let Some(f) = Format::from_type(self.dtype) {
                 self.packed = packed::Packed::new(f, self.rows, self.cols, self.bytes.as_slice())
                     .map(Arc::new);
                 if self.packed.is_some() {
@@ -227,7 +234,9 @@ impl QMatrix {
         let (start, len) = (first * row_bytes, count * row_bytes);
         let window = &self.bytes.as_slice()[start..start + len];
         let bytes = match &self.bytes {
-            Bytes::Mapped { map, start: s, .. } if (window.as_ptr() as usize).is_multiple_of(4) => {
+            Bytes::Mapped { map, start: s, .. }
+                if (window.as_ptr() as usize).is_multiple_of(self.dtype.align()) =>
+            {
                 Bytes::Mapped {
                     map: map.clone(),
                     start: s + start,
@@ -242,7 +251,19 @@ impl QMatrix {
     /// Writes row `r` as f32 values into `out` (`out.len() == cols`): used for embedding lookup.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows && out.len() == self.cols);
-        dispatch!(self.dtype, T => dequantize_row_typed::<T>(self, r, out))
+        match self.dtype {
+            TensorType::Ggml(d) => dispatch!(d, T => dequantize_row_typed::<T>(self, r, out)),
+            TensorType::Mxfp4 => {
+                let row_bytes = self.cols / mxfp4::ELEMS * mxfp4::BYTES;
+                let row = &self.bytes.as_slice()[r * row_bytes..(r + 1) * row_bytes];
+                for (blk, o) in row
+                    .chunks_exact(mxfp4::BYTES)
+                    .zip(out.chunks_exact_mut(mxfp4::ELEMS))
+                {
+                    mxfp4::dequantize_block(blk, o);
+                }
+            }
+        }
     }
 
     /// All of the matrix as f32 (tests and small tensors).
@@ -272,8 +293,21 @@ fn dequantize_row_typed<T: GgmlType>(w: &QMatrix, r: usize, out: &mut [f32]) {
 }
 
 /// Quantizes f32 data into `dtype` blocks (tests and tools).
-pub fn quantize(dtype: GgmlDType, data: &[f32]) -> Vec<u8> {
-    dispatch!(dtype, T => quantize_typed::<T>(data))
+pub fn quantize(dtype: impl Into<TensorType>, data: &[f32]) -> Vec<u8> {
+    match dtype.into() {
+        TensorType::Ggml(d) => dispatch!(d, T => quantize_typed::<T>(data)),
+        TensorType::Mxfp4 => {
+            assert!(data.len().is_multiple_of(mxfp4::ELEMS));
+            let mut out = vec![0u8; data.len() / mxfp4::ELEMS * mxfp4::BYTES];
+            for (x, blk) in data
+                .chunks_exact(mxfp4::ELEMS)
+                .zip(out.chunks_exact_mut(mxfp4::BYTES))
+            {
+                mxfp4::quantize_block(x, blk);
+            }
+            out
+        }
+    }
 }
 
 fn quantize_typed<T: GgmlType>(data: &[f32]) -> Vec<u8> {

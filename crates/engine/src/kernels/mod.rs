@@ -1,7 +1,7 @@
 //! Compute kernels of the forward pass: quantized matrix products for few activation rows, and the
 //! float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU, attention).
 //!
-//! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) have our own kernels
+//! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4) have our own kernels
 //! (`quant` in plain Rust, `x86` with AVX2, AVX-VNNI, AVX-512 or AVX-512 VNNI chosen at run time):
 //! activations are quantized once per product to 8 bits per 32 values, and every weight sub-block
 //! is decoded once and applied to all activation rows while it is in registers. Other formats
@@ -35,6 +35,7 @@ use candle_core::quantized::k_quants::GgmlType;
 
 mod attention;
 mod bandwidth;
+mod dtype;
 mod elementwise;
 pub mod format;
 mod isa;
@@ -48,6 +49,7 @@ mod x86;
 
 pub use attention::{attend, attend_rows, attend_with, KvElem, KvElems, KvHead, TreeMask};
 pub use bandwidth::{f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
+pub use dtype::TensorType;
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_oai,
     swiglu_scalar,
@@ -101,7 +103,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
     for (w, out) in jobs.iter_mut() {
         assert_eq!(x.len(), m * w.cols, "activation shape");
         assert_eq!(out.len(), m * w.rows, "output shape");
-        match Format::from_ggml(w.dtype) {
+        match Format::from_type(w.dtype) {
             Some(f) if w.cols % f.act_block() == 0 => {
                 if let (Some(p), true) = (&w.packed, isa.packs()) {
                     // The packed kernel reads the activations over the packed copy's columns.
@@ -112,7 +114,11 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                 }
                 own.push((f, &**w, OutPtr(out.as_mut_ptr())))
             }
-            _ => dispatch!(w.dtype, T => matmul_typed::<T>(x, m, w, out)),
+            _ => match w.dtype {
+                TensorType::Ggml(d) => dispatch!(d, T => matmul_typed::<T>(x, m, w, out)),
+                // Always whole 32-blocks (`QMatrix::new`), so always our own kernels.
+                TensorType::Mxfp4 => unreachable!("MXFP4 takes its own kernels"),
+            },
         }
     }
     if own.is_empty() {
@@ -235,6 +241,7 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
             Format::Q8_0 => call!(Q8_0),
             Format::Q4K => call!(Q4K),
             Format::Q6K => call!(Q6K),
+            Format::Mxfp4 => call!(MXFP4),
         }
         return;
     }

@@ -11,7 +11,7 @@
 //! Without VNNI the same step is a `vpmaddubsw` whose 16-bit pairs add up in 16 bits over a whole
 //! sub-block (or a quarter or half of it, by the format's width) before one `vpmaddwd` widens them.
 //!
-//! Packing is done once at load (every own format: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) when the
+//! Packing is done once at load (every own format: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4) when the
 //! kernels in use are SIMD ones (AVX2 or AVX-512); the matrix keeps its GGUF bytes (memory-mapped, for
 //! embedding lookups and the other implementations). Every pass over a packed matrix, whatever its
 //! number of rows, goes through the packed kernel, so a row's logits never depend on how many rows
@@ -32,8 +32,15 @@
 //!   byte `b` are the fifth bits of columns `8u + b` and `8u + 4 + b`; then the 4-bit values of
 //!   each block as Q4_K's nibbles, or for Q8_0 the bytes plus 128 (as unsigned), four columns per
 //!   lane and step.
+//! - MXFP4 in units of two blocks: `d[2][16]` as f32, each `2^(e - 128)` exactly (f16 cannot hold
+//!   it; the exponent byte would cost the kernel a few operations per block to make the float);
+//!   then the 4-bit codes of each block as Q4_K's nibbles. The kernels look each code's value up
+//!   plus 12 (0..24, unsigned) and start the block's sum from -12 times the activation sum, as
+//!   Q4_0 does with its 8.
 
-use super::format::{f16_at, q4_1, q4k, q4k_scales_mins, q5_0, q6k, Format, PACKED_D};
+use super::format::{
+    f16_at, mxfp4, mxfp4_codes, q4_1, q4k, q4k_scales_mins, q5_0, q6k, Format, PACKED_D,
+};
 use super::quant::QuantizedActs;
 
 /// Rows interleaved per group.
@@ -172,9 +179,15 @@ fn pack_q6k_lane(sb: &[u8], l: usize, out: &mut [u8]) {
 fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
     let bytes = format.super_block().1;
     let values = format.packed_values();
-    let d = format.d_at();
     for h in 0..2 {
         let blk = &sb[h * bytes..(h + 1) * bytes];
+        if format == Format::Mxfp4 {
+            let d = format.scale32(blk).to_le_bytes();
+            out[PACKED_D + 64 * h + 4 * l..][..4].copy_from_slice(&d);
+            put_nibbles(&mxfp4_codes(blk), l, &mut out[values + 256 * h..]);
+            continue;
+        }
+        let d = format.d_at();
         out[PACKED_D + 32 * h + 2 * l..][..2].copy_from_slice(&blk[d..d + 2]);
         let mut w = [0i8; 32];
         format.decode32(blk, &mut w);
@@ -209,7 +222,8 @@ fn pack32_lane(format: Format, sb: &[u8], l: usize, out: &mut [u8]) {
     }
 }
 
-/// Row `l`'s 64 integers of a packed 32-column unit, as `Format::decode32` gives them.
+/// Row `l`'s 64 integers of a packed 32-column unit, as `Format::decode32` gives them (MXFP4's
+/// plus 12, as its kernels take them).
 fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
     let mut w = [0i8; 64];
     let values = format.packed_values();
@@ -225,6 +239,9 @@ fn lane_values32(format: Format, blk: &[u8], l: usize) -> [i8; 64] {
                     if format == Format::Q5_0 {
                         let high = blk[q5_0::PACKED_QH + 64 * h + 4 * l + b];
                         v |= ((high >> (2 * (step / 2) + step % 2)) & 1) << 4;
+                    }
+                    if format == Format::Mxfp4 {
+                        v = (mxfp4::KVALUES[v as usize] + mxfp4::BIAS) as u8;
                     }
                     v as i8
                 };
@@ -284,9 +301,15 @@ pub fn dot_group_scalar(p: &Packed, g: usize, acts: &QuantizedActs, row: usize) 
                         * match p.format {
                             Format::Q4_0 => 8,
                             Format::Q5_0 => 16,
+                            Format::Mxfp4 => mxfp4::BIAS as i32,
                             _ => 0,
                         };
-                    let d = f16_at(blk, PACKED_D + 32 * h + 2 * l);
+                    let d = if p.format == Format::Mxfp4 {
+                        let at = PACKED_D + 64 * h + 4 * l;
+                        f32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]])
+                    } else {
+                        f16_at(blk, PACKED_D + 32 * h + 2 * l)
+                    };
                     acc = (a as f32).mul_add(d * acts.d[bi], acc);
                     if p.format == Format::Q4_1 {
                         let m = f16_at(blk, q4_1::PACKED_M + 32 * h + 2 * l);

@@ -2,7 +2,7 @@
 //! is tested against, and the fallback on CPUs without AVX2.
 //!
 //! Activations are quantized to 8-bit integers with one float scale per block: 32 values for the
-//! 32-element weight formats (Q4_0, Q4_1, Q5_0, Q8_0), 256 values for the K-quants (Q4_K, Q6_K),
+//! 32-element weight formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4), 256 values for the K-quants (Q4_K, Q6_K),
 //! whose integer scales are then applied in the integer domain across a whole super-block. Sums of
 //! the activation integers (per 32-block, or per 16 inside a 256-block) carry the formats' offsets
 //! and minimums, so weights are handled as small unsigned integers.
@@ -29,9 +29,9 @@ pub struct QuantizedActs {
     /// 256-blocks: -32 times each of `bsums`, as i32 (Q6_K stores its values plus 32; the packed
     /// kernels with VNNI start each sub-block's integer sum from it).
     pub(crate) q6k_offsets: Vec<i32>,
-    /// 32-blocks: each block's integer sum times -8, -16 and -128, the offsets of the packed
-    /// Q4_0, Q5_0 and Q8_0 (stored plus 128) values, from which the packed kernels start the
-    /// block's integer sums (`OFFSET_Q4_0`, ...; the fourth is zero).
+    /// 32-blocks: each block's integer sum times -8, -16, -128 and -12, the offsets of the packed
+    /// Q4_0, Q5_0, Q8_0 (stored plus 128) and MXFP4 (taken plus 12) values, from which the packed
+    /// kernels start the block's integer sums (`OFFSET_Q4_0`, ...).
     pub(crate) offsets32: Vec<[i32; 4]>,
     /// Per 32 elements: the sum of those 32 integers (within +-32 * 127; the packed Q4_K kernel
     /// broadcasts them two at a time).
@@ -105,7 +105,8 @@ impl QuantizedActs {
             self.q6k_offsets
                 .extend(self.bsums.iter().map(|&b| -32 * b as i32));
         } else {
-            let offsets = |&i: &i16| [-8, -16, -128, 0].map(|c| c * i as i32);
+            let bias = -(super::format::mxfp4::BIAS as i32);
+            let offsets = |&i: &i16| [-8, -16, -128, bias].map(|c| c * i as i32);
             self.offsets32.extend(self.isums.iter().map(offsets));
         }
     }
@@ -136,6 +137,7 @@ impl QuantizedActs {
 pub(crate) const OFFSET_Q4_0: usize = 0;
 pub(crate) const OFFSET_Q5_0: usize = 1;
 pub(crate) const OFFSET_Q8_0: usize = 2;
+pub(crate) const OFFSET_MXFP4: usize = 3;
 
 /// A run of whole rows: the values and their share of every output of `QuantizedActs`.
 struct Blocks<'a> {

@@ -20,19 +20,20 @@ fn random_vec(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlDType; 12] = [
-    GgmlDType::F32,
-    GgmlDType::F16,
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q8_0,
-    GgmlDType::Q2K,
-    GgmlDType::Q3K,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
+const TYPES: [TensorType; 13] = [
+    TensorType::Ggml(GgmlDType::F32),
+    TensorType::Ggml(GgmlDType::F16),
+    TensorType::Ggml(GgmlDType::Q4_0),
+    TensorType::Ggml(GgmlDType::Q4_1),
+    TensorType::Ggml(GgmlDType::Q5_0),
+    TensorType::Ggml(GgmlDType::Q5_1),
+    TensorType::Ggml(GgmlDType::Q8_0),
+    TensorType::Ggml(GgmlDType::Q2K),
+    TensorType::Ggml(GgmlDType::Q3K),
+    TensorType::Ggml(GgmlDType::Q4K),
+    TensorType::Ggml(GgmlDType::Q5K),
+    TensorType::Ggml(GgmlDType::Q6K),
+    TensorType::Mxfp4,
 ];
 
 /// Every format's matmul against the f64 product of the dequantized weights. The activations are
@@ -68,11 +69,12 @@ fn matmul_matches_reference_for_every_format() {
 /// A row's result must not depend on which other rows share the product.
 #[test]
 fn matmul_rows_are_independent_of_batch() {
-    for &dtype in &[
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q6K,
+    for dtype in [
+        TensorType::Ggml(GgmlDType::Q4_1),
+        TensorType::Ggml(GgmlDType::Q5_0),
+        TensorType::Ggml(GgmlDType::Q4K),
+        TensorType::Ggml(GgmlDType::Q6K),
+        TensorType::Mxfp4,
     ] {
         let cols = 512;
         let rows = 40;
@@ -125,20 +127,22 @@ fn float_helpers_match_plain_loops() {
     }
 }
 
-const OWN: [GgmlDType; 6] = [
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q5_0,
-    GgmlDType::Q8_0,
-    GgmlDType::Q4K,
-    GgmlDType::Q6K,
+const OWN: [TensorType; 7] = [
+    TensorType::Ggml(GgmlDType::Q4_0),
+    TensorType::Ggml(GgmlDType::Q4_1),
+    TensorType::Ggml(GgmlDType::Q5_0),
+    TensorType::Ggml(GgmlDType::Q8_0),
+    TensorType::Ggml(GgmlDType::Q4K),
+    TensorType::Ggml(GgmlDType::Q6K),
+    TensorType::Mxfp4,
 ];
 
-/// Our sub-block decoding gives exactly candle's dequantized values.
+/// Our sub-block decoding gives exactly candle's dequantized values (MXFP4, which candle has not
+/// got: our decoding against our dequantization, which `mxfp4_dequantizes_as_gguf_py` checks).
 #[test]
 fn own_decoding_equals_candle_dequantization() {
     for (ti, &dtype) in OWN.iter().enumerate() {
-        let f = format::Format::from_ggml(dtype).unwrap();
+        let f = format::Format::from_type(dtype).unwrap();
         let (elems, bytes) = f.super_block();
         let cols = elems * 3;
         let data = random_vec(2 * cols, 50 + ti as u64);
@@ -243,10 +247,11 @@ fn q4k_scales_and_mins_unpack_bytewise() {
 #[test]
 fn long_rows_match_the_scalar_reference() {
     for (ti, &dtype) in [
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
+        TensorType::Ggml(GgmlDType::Q4_0),
+        TensorType::Ggml(GgmlDType::Q4_1),
+        TensorType::Ggml(GgmlDType::Q5_0),
+        TensorType::Ggml(GgmlDType::Q8_0),
+        TensorType::Mxfp4,
     ]
     .iter()
     .enumerate()
@@ -268,6 +273,83 @@ fn long_rows_match_the_scalar_reference() {
             }
         }
     }
+}
+
+/// A hand-built MXFP4 block (code `j` low and `15 - j` high in byte `j`) at exponents across the
+/// range, against the values gguf-py (llama.cpp's Python package) dequantizes it to, as f32 bits:
+/// the scale `2^(e - 128)` from the subnormal 2^-128 up (12 * 2^126 and above overflow to -inf,
+/// in ggml as here), and the whole block at e = 127.
+#[test]
+fn mxfp4_dequantizes_as_gguf_py() {
+    // Per exponent: the values of elements 1, 15, 16, 17 and 31 (codes 1, 15, 15, 14, 0).
+    #[rustfmt::skip]
+    let table: [(u8, [u32; 5]); 8] = [
+        (0, [0x0020_0000, 0x8140_0000, 0x8140_0000, 0x8100_0000, 0]),
+        (1, [0x0040_0000, 0x81c0_0000, 0x81c0_0000, 0x8180_0000, 0]),
+        (2, [0x0080_0000, 0x8240_0000, 0x8240_0000, 0x8200_0000, 0]),
+        (127, [0x3f00_0000, 0xc0c0_0000, 0xc0c0_0000, 0xc080_0000, 0]),
+        (128, [0x3f80_0000, 0xc140_0000, 0xc140_0000, 0xc100_0000, 0]),
+        (200, [0x6380_0000, 0xe540_0000, 0xe540_0000, 0xe500_0000, 0]),
+        (254, [0x7e80_0000, 0xff80_0000, 0xff80_0000, 0xff80_0000, 0]),
+        (255, [0x7f00_0000, 0xff80_0000, 0xff80_0000, 0xff80_0000, 0]),
+    ];
+    let mut blk = [0u8; 17];
+    for j in 0..16 {
+        blk[1 + j] = j as u8 | ((15 - j as u8) << 4);
+    }
+    for (e, want) in table {
+        blk[0] = e;
+        let m = QMatrix::new(TensorType::Mxfp4, 1, 32, Bytes::owned(&blk)).unwrap();
+        let v = m.dequantize();
+        let got = [1, 15, 16, 17, 31].map(|i| v[i].to_bits());
+        assert_eq!(got, want, "e = {e}");
+        let f = format::Format::Mxfp4;
+        let decoded: Vec<u32> = f
+            .dequantize_super_block(&blk)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(decoded, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+    blk[0] = 127;
+    let whole = QMatrix::new(TensorType::Mxfp4, 1, 32, Bytes::owned(&blk))
+        .unwrap()
+        .dequantize();
+    // As gguf-py prints them (code 8, "-0", is +0.0 there too).
+    let codes = [
+        0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let want: Vec<f32> = codes.iter().chain(codes.iter().rev()).copied().collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&whole), bits(&want));
+}
+
+/// MXFP4 quantization (ggml's reference rule): the exponent puts the largest magnitude at 8..16
+/// times the scale (past 12, the largest value, it clips), every other value takes its nearest
+/// code, a block of zeros has exponent 0.
+#[test]
+fn mxfp4_quantization_round_trips() {
+    let x = random_vec(64, 39);
+    let q = quantize(TensorType::Mxfp4, &x);
+    let back = QMatrix::new(TensorType::Mxfp4, 1, 64, Bytes::owned(&q))
+        .unwrap()
+        .dequantize();
+    for b in 0..2 {
+        let xs = &x[32 * b..32 * (b + 1)];
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = format::mxfp4::scale(q[17 * b]);
+        assert!(
+            amax >= 8.0 * d && amax < 16.0 * d,
+            "block {b}: {amax} at scale {d}"
+        );
+        for (v, w) in xs.iter().zip(&back[32 * b..]) {
+            // Within the grid the widest gap is 4 (8 to 12), so half of it times the scale at
+            // most; past 12 the clipping, under 4.
+            let bound = if v.abs() > 12.0 * d { 4.0 } else { 2.0 } * d;
+            assert!((v - w).abs() <= bound, "{v} -> {w} at scale {d}");
+        }
+    }
+    assert_eq!(quantize(TensorType::Mxfp4, &[0.0; 32]), vec![0u8; 17]);
 }
 
 /// The sum of |x[i, t] * w[j, t]| over the columns: the scale of output (i, j)'s rounding error.

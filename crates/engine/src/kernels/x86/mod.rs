@@ -35,6 +35,7 @@ pub(crate) const Q5_0: u8 = Format::Q5_0 as u8;
 pub(crate) const Q8_0: u8 = Format::Q8_0 as u8;
 pub(crate) const Q4K: u8 = Format::Q4K as u8;
 pub(crate) const Q6K: u8 = Format::Q6K as u8;
+pub(crate) const MXFP4: u8 = Format::Mxfp4 as u8;
 
 /// The sum of the eight lanes.
 #[inline(always)]

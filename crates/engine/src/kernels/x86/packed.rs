@@ -17,10 +17,10 @@
 
 use super::sums::{steps_in_16_bits, Sums};
 use super::width::{Width, Ymm, Zmm};
-use super::{Q4_0, Q4_1, Q5_0, Q8_0};
-use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
+use super::{MXFP4, Q4_0, Q4_1, Q5_0, Q8_0};
+use crate::kernels::format::{mxfp4, q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
-use crate::kernels::quant::{QuantizedActs, OFFSET_Q4_0, OFFSET_Q5_0, OFFSET_Q8_0};
+use crate::kernels::quant::{QuantizedActs, OFFSET_MXFP4, OFFSET_Q4_0, OFFSET_Q5_0, OFFSET_Q8_0};
 use std::arch::x86_64::*;
 
 /// How many activation rows share a pass over a register's weights, per width: each keeps its
@@ -129,6 +129,7 @@ impl Tile<'_> {
             Format::Q4_1 => packed32::<W, VNNI, Q4_1, MR>(&at),
             Format::Q5_0 => packed32::<W, VNNI, Q5_0, MR>(&at),
             Format::Q8_0 => packed32::<W, VNNI, Q8_0, MR>(&at),
+            Format::Mxfp4 => packed32::<W, VNNI, MXFP4, MR>(&at),
         }
     }
 
@@ -325,16 +326,32 @@ unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
     W::and(v, W::bytes(0x10))
 }
 
+/// MXFP4's values by code, plus 12 (0..24): what `W::lookup` turns the packed codes into.
+const MXFP4_TABLE: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut c = 0;
+    while c < 16 {
+        t[c] = (mxfp4::KVALUES[c] + mxfp4::BIAS) as u8;
+        c += 1;
+    }
+    t
+};
+
 /// Packed 32-column formats (see `packed`), units of two blocks: per block and row, the exact
-/// integer sum of the block (the integer offsets of Q4_0, Q5_0 and, with VNNI, Q8_0 included:
-/// `QuantizedActs::offsets32`) times the weight scale times the activation scale; Q4_1 then adds
-/// its float minimum times the activation block's scaled sum.
+/// integer sum of the block (the integer offsets of Q4_0, Q5_0, MXFP4 and, with VNNI, Q8_0
+/// included: `QuantizedActs::offsets32`) times the weight scale times the activation scale; Q4_1
+/// then adds its float minimum times the activation block's scaled sum.
 #[inline(always)]
 unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at: &Tile) {
     let bytes = const { Format::from_code(F).packed_bytes() };
     let values = const { Format::from_code(F).packed_values() };
     let lines = bytes / 64;
     let low = W::bytes(0x0F);
+    let table = if F == MXFP4 {
+        W::table16(MXFP4_TABLE.as_ptr())
+    } else {
+        W::zero()
+    };
     let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
@@ -348,7 +365,11 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
             lines - lines / 2,
         );
         for h in 0..2 {
-            let dw = W::f16s(blk.add(PACKED_D + 32 * h + 2 * l0));
+            let dw = if F == MXFP4 {
+                W::loadf(blk.add(PACKED_D + 64 * h + 4 * l0) as *const f32)
+            } else {
+                W::f16s(blk.add(PACKED_D + 32 * h + 2 * l0))
+            };
             // Q4_1's minimum is a float: times each activation block's scaled sum at the end.
             let min = if F == Q4_1 {
                 W::f16s(blk.add(q4_1::PACKED_M + 32 * h + 2 * l0))
@@ -357,13 +378,14 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
             };
             let mut sums = Sums::<W, VNNI, MR>::new();
             let x0 = 64 * s + 32 * h;
-            // The values are stored plus 8, 16 or (Q8_0 with VNNI) 128: that times minus the
+            // The values are stored plus 8, 16, (MXFP4) 12 or (Q8_0 with VNNI) 128: that times minus the
             // activation sum makes each row's sum the exact product. With VNNI the sums start
             // from it; without, it is added at the end (on 256-bit registers an early start
             // holds one more register per row through the block, which AVX2 has not got).
             let offset = match F {
                 Q4_0 => Some(OFFSET_Q4_0),
                 Q5_0 => Some(OFFSET_Q5_0),
+                MXFP4 => Some(OFFSET_MXFP4),
                 Q8_0 if VNNI => Some(OFFSET_Q8_0),
                 _ => None,
             };
@@ -397,7 +419,13 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
                 } else {
                     W::zero()
                 };
-                const { assert!(steps_in_16_bits(15) >= 8 && steps_in_16_bits(31) >= 4) };
+                const {
+                    assert!(
+                        steps_in_16_bits(15) >= 8
+                            && steps_in_16_bits(31) >= 4
+                            && steps_in_16_bits(24) >= 4
+                    )
+                };
                 for u in 0..4 {
                     let v = W::load(blk.add(values + 256 * h + 64 * u + 4 * l0));
                     let mut lo = W::and(v, low);
@@ -406,14 +434,19 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
                         lo = W::or(lo, q5_high::<W>(high, 2 * u as u32));
                         hi = W::or(hi, q5_high::<W>(high, 2 * u as u32 + 1));
                     }
+                    if F == MXFP4 {
+                        lo = W::lookup(table, lo);
+                        hi = W::lookup(table, hi);
+                    }
                     let x = q.add(at.r0 * k + x0 + 8 * u);
                     nibble_step(&mut sums, lo, hi, x, k);
-                    // Four-bit values: eight steps to a flush; Q5_0's five bits: four.
-                    if F == Q5_0 && u % 2 == 1 {
+                    // Four-bit values: eight steps to a flush; Q5_0's five bits and MXFP4's
+                    // values up to 24: four.
+                    if (F == Q5_0 || F == MXFP4) && u % 2 == 1 {
                         sums.flush();
                     }
                 }
-                if F != Q5_0 {
+                if F != Q5_0 && F != MXFP4 {
                     sums.flush();
                 }
             }

@@ -10,8 +10,8 @@
 // loops: iterator forms change the code generated for these kernels.
 #![allow(clippy::needless_range_loop)]
 
-use super::{hsum, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
-use crate::kernels::format::{q4_0, q4_1, q4k, q4k_scales_mins, q5_0, q6k, q8_0, Format};
+use super::{hsum, MXFP4, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
+use crate::kernels::format::{mxfp4, q4_0, q4_1, q4k, q4k_scales_mins, q5_0, q6k, q8_0, Format};
 use crate::kernels::quant::QuantizedActs;
 use std::arch::x86_64::*;
 
@@ -65,6 +65,22 @@ unsafe fn load(p: *const i8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// Whether format `F`'s natural-layout kernels take its weights as signed bytes (by magnitude and
+/// sign): Q8_0's bytes and MXFP4's values; the others' are unsigned with a float offset.
+const fn signed(f: u8) -> bool {
+    f == Q8_0 || f == MXFP4
+}
+
+/// The float scale of the 32-element block at `blk`: an f16, or MXFP4's `2^(e - 128)`.
+#[inline(always)]
+unsafe fn scale32<const F: u8>(blk: &[u8]) -> f32 {
+    if F == MXFP4 {
+        mxfp4::scale(blk[mxfp4::E])
+    } else {
+        f16_fast(blk, Format::from_code(F).d_at())
+    }
+}
+
 /// 32-element formats: one float scale per block.
 #[inline(always)]
 unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
@@ -75,7 +91,6 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
     out: &mut [f32],
 ) {
     let bytes = const { Format::from_code(F).super_block().1 };
-    let d_at = const { Format::from_code(F).d_at() };
     let nb = wrow.len() / bytes;
     let mut acc = [_mm256_setzero_ps(); MR];
     let mut macc = [0f32; MR];
@@ -84,8 +99,9 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
         let blk = wrow.get_unchecked(b * bytes..(b + 1) * bytes);
         let p = blk.as_ptr();
         prefetch(p);
-        let d = f16_fast(blk, d_at);
-        // Unsigned weights `u` (or |w| for Q8_0) and the offset per unit of activation sum.
+        let d = scale32::<F>(blk);
+        // Unsigned weights `u` (or |w| for Q8_0 and MXFP4) and the offset per unit of
+        // activation sum.
         let w = unpack_block::<F>(p);
         let (u, signs, offset) = match F {
             Q4_0 => (w, None, -8.0 * d),
@@ -103,7 +119,7 @@ unsafe fn tile32<const F: u8, const MR: usize, const VNNI: bool>(
             let dot = udot::<VNNI>(u, x);
             let dx = *acts.d.get_unchecked(bi);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), acc[r]);
-            if F != Q8_0 {
+            if !signed(F) {
                 macc[r] += offset * *acts.ds.get_unchecked(bi);
             }
         }
@@ -252,25 +268,29 @@ unsafe fn tile_q6k<const MR: usize>(wrow: &[u8], acts: &QuantizedActs, r0: usize
     }
 }
 
-/// The 64 unsigned weights (or |w| for Q8_0) of blocks at `p` and `p + bytes`, and for Q8_0 the
-/// signs as a mask.
+/// The 64 unsigned weights (or |w| for Q8_0 and MXFP4) of blocks at `p` and `p + bytes`, and for
+/// those the signs as a mask.
 #[inline(always)]
 unsafe fn unpack_pair<const F: u8>(p: *const u8, bytes: usize) -> (__m512i, __mmask64) {
     let w = _mm512_inserti64x4::<1>(
         _mm512_castsi256_si512(unpack_block::<F>(p)),
         unpack_block::<F>(p.add(bytes)),
     );
-    if F == Q8_0 {
+    if signed(F) {
         (_mm512_abs_epi8(w), _mm512_movepi8_mask(w))
     } else {
         (w, 0)
     }
 }
 
-/// The 32 weights of the block at `p` as bytes (unsigned, or signed for Q8_0).
+/// The 32 weights of the block at `p` as bytes (unsigned, or signed for Q8_0 and MXFP4).
 #[inline(always)]
 unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
     match F {
+        MXFP4 => {
+            let table = _mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i);
+            _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles_16(p.add(mxfp4::QS)))
+        }
         Q4_0 => nibbles_16(p.add(q4_0::QS)),
         Q4_1 => nibbles_16(p.add(q4_1::QS)),
         Q5_0 => {
@@ -306,7 +326,6 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
     out: &mut [f32],
 ) {
     let bytes = const { Format::from_code(F).super_block().1 };
-    let d_at = const { Format::from_code(F).d_at() };
     let nb = wrow.len() / bytes;
     let mut acc = [_mm512_setzero_ps(); MR];
     let qbase = acts.q.as_ptr();
@@ -324,7 +343,14 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
             let p = wrow.as_ptr().add(b * bytes);
             prefetch(p);
             let (u, signs) = unpack_pair::<F>(p, bytes);
-            let wd = spread_f16(p.add(d_at), bytes);
+            let wd = if F == MXFP4 {
+                let e = |b: usize| mxfp4::scale(*p.add(b * bytes + mxfp4::E));
+                let both = _mm512_castps128_ps512(_mm_setr_ps(e(0), e(1), 0.0, 0.0));
+                let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+                _mm512_permutexvar_ps(pick, both)
+            } else {
+                spread_f16(p.add(Format::from_code(F).d_at()), bytes)
+            };
             // Offset per unit of activation sum, one per block (lanes 0 and 8).
             let off = match F {
                 Q4_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-8.0)),
@@ -332,7 +358,7 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
                 Q5_0 => _mm512_mul_ps(wd, _mm512_set1_ps(-16.0)),
                 _ => _mm512_setzero_ps(),
             };
-            if F != Q8_0 {
+            if !signed(F) {
                 _mm512_mask_compressstoreu_ps(
                     offs.as_mut_ptr().add(b - run_start) as *mut _,
                     0x0101,
@@ -342,7 +368,7 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
             for r in 0..MR {
                 let bi = (r0 + r) * acts.k / 32 + b;
                 let mut x = _mm512_loadu_si512(qbase.add(bi * 32) as *const _);
-                if F == Q8_0 {
+                if signed(F) {
                     x = _mm512_mask_sub_epi8(x, signs, _mm512_setzero_si512(), x);
                 }
                 let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
@@ -351,7 +377,7 @@ unsafe fn tile32_512<const F: u8, const MR: usize>(
             }
             b += 2;
         }
-        if F != Q8_0 {
+        if !signed(F) {
             let n = run_end - run_start;
             offs[n..n.next_multiple_of(16)].fill(0.0);
             for r in 0..MR {

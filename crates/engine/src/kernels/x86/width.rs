@@ -20,6 +20,10 @@ pub(super) trait Width {
     /// Four activation bytes at `p`, broadcast to every lane.
     unsafe fn bcast4(p: *const i8) -> Self::I;
     unsafe fn bytes(v: i8) -> Self::I;
+    /// Sixteen bytes at `p` repeated in every 128-bit lane (a table for `lookup`).
+    unsafe fn table16(p: *const u8) -> Self::I;
+    /// `vpshufb`: each byte `i` (0..16) of `idx` replaced by byte `i` of its lane of `table`.
+    unsafe fn lookup(table: Self::I, idx: Self::I) -> Self::I;
     unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn xor(a: Self::I, b: Self::I) -> Self::I;
@@ -103,6 +107,14 @@ impl Width for Zmm {
     #[inline(always)]
     unsafe fn bytes(v: i8) -> __m512i {
         _mm512_set1_epi8(v)
+    }
+    #[inline(always)]
+    unsafe fn table16(p: *const u8) -> __m512i {
+        _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn lookup(table: __m512i, idx: __m512i) -> __m512i {
+        _mm512_shuffle_epi8(table, idx)
     }
     #[inline(always)]
     unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
@@ -247,6 +259,14 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn bytes(v: i8) -> __m256i {
         _mm256_set1_epi8(v)
+    }
+    #[inline(always)]
+    unsafe fn table16(p: *const u8) -> __m256i {
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn lookup(table: __m256i, idx: __m256i) -> __m256i {
+        _mm256_shuffle_epi8(table, idx)
     }
     #[inline(always)]
     unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
