@@ -114,6 +114,7 @@ fn tiny_models_cover_every_architecture() {
     assert_eq!(
         mixtures,
         [
+            ("gpt-oss-mxfp4", "gpt-oss"),
             ("gpt-oss", "gpt-oss"),
             ("mixtral-split", "llama"),
             ("mixtral", "llama"),
@@ -582,11 +583,11 @@ fn mixtures_price_drafted_rows_by_the_experts_they_add() {
         match (lm.model.config.moe, prior) {
             (None, None) => {}
             (Some(_), Some(p)) => {
-                assert!(
-                    p > drafting::PRIOR_PRICE + 0.1 && p < 2.0,
-                    "{}: {p}",
-                    r.name
-                )
+                assert!(p > drafting::PRIOR_PRICE && p < 2.0, "{}: {p}", r.name);
+                // All F32, the experts most of the bytes: a drafted row adds a lot.
+                if r.name == "qwen3moe" {
+                    assert!(p > drafting::PRIOR_PRICE + 0.2, "{}: {p}", r.name);
+                }
             }
             other => panic!("{}: {other:?}", r.name),
         }
