@@ -4,9 +4,10 @@ random weights: for timing passes on real shapes where no real model can be down
 Every quantized tensor is written directly as blocks of its format (random codes, scales chosen
 so that the values come out centred with a standard deviation near 0.025, about what trained
 matrices have; nothing is quantized from floats), tensor by tensor and chunk by chunk, so memory
-stays under a few hundred MB whatever the file's size. The values are finite by construction (f16
-scales in the normal range, E8M0 exponents near 2^-8); `--check` rereads the file and dequantizes
-a sample of every tensor with gguf-py to show it.
+stays under a few hundred MB whatever the file's size. The values are finite by construction
+(finite f16 scales, subnormal for the small-valued attention output as in real files, E8M0
+exponents near 2^-8); `--check` rereads the file and dequantizes a sample of every tensor with
+gguf-py to show it.
 
 Presets (see tools/synthetic/README.md for what each follows and where it departs):
 - `qwen3-30b-a3b`: `qwen3moe`, as llama.cpp's converter and `llama-quantize Q4_K_M` write
@@ -32,7 +33,15 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGML_QUANT_SIZES
 
-TARGET_STD = 0.025  # standard deviation of every matrix's values
+TARGET_STD = 0.025  # standard deviation of every matrix's values, but:
+# Random weights make a transformer's rows converge (attention averages the values of all earlier
+# positions, and that shared part grows layer by layer), and then every row routes to the same
+# few experts: 29 of 128 per layer for 64 random tokens over 24 layers instead of the 126 of
+# uniform choice (tools/synthetic/routing.py). Token embeddings 20x larger and the attention
+# output 10x smaller keep each row's residual its own, so the rows route independently (124.8
+# of 125.9 over 12 layers). Both values stay in a realistic range.
+EMBD_STD = 0.5
+ATTN_OUT_STD = 0.0025
 CHUNK_BYTES = 32 << 20  # generated and written at most this much at a time
 
 # ---- blocks ---------------------------------------------------------------------------------
@@ -47,7 +56,7 @@ def _jitter(rng, n: int, base: float) -> np.ndarray:
     return base * rng.uniform(0.75, 1.25, n)
 
 
-def q4_k_blocks(rng, n: int) -> np.ndarray:
+def q4_k_blocks(rng, n: int, std: float = TARGET_STD) -> np.ndarray:
     """block_q4_K: d, dmin (f16), 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
     nibbles. value = d * sc * q - dmin * m; with m = sc and dmin = 7.5 d each sub-block is
     d * sc * (q - 7.5), centred."""
@@ -55,7 +64,7 @@ def q4_k_blocks(rng, n: int) -> np.ndarray:
     sc = rng.integers(32, 64, (n, 8), dtype=np.uint8)
     m = sc
     # q uniform on 0..15: std of q - 7.5 is 4.61; mean sc 47.5
-    d = _jitter(rng, n, TARGET_STD / (47.5 * 4.61))
+    d = _jitter(rng, n, std / (47.5 * 4.61))
     out[:, 0:2] = _f16_bytes(d)
     out[:, 2:4] = _f16_bytes(7.5 * d)
     # layout of gguf-py's Q4_K.get_scale_min (llama.cpp's get_scale_min_k4)
@@ -66,7 +75,7 @@ def q4_k_blocks(rng, n: int) -> np.ndarray:
     return out
 
 
-def q6_k_blocks(rng, n: int) -> np.ndarray:
+def q6_k_blocks(rng, n: int, std: float = TARGET_STD) -> np.ndarray:
     """block_q6_K: 128 bytes low nibbles, 64 bytes high bit pairs, 16 int8 scales, d (f16).
     value = d * scale * (q - 32), q uniform on 0..63 (std of q - 32: 18.5)."""
     out = np.empty((n, 210), np.uint8)
@@ -74,15 +83,15 @@ def q6_k_blocks(rng, n: int) -> np.ndarray:
     mag = rng.integers(8, 32, (n, 16))
     sign = np.where(rng.random((n, 16)) < 0.5, -1, 1)
     out[:, 192:208] = (mag * sign).astype(np.int8).view(np.uint8)
-    d = _jitter(rng, n, TARGET_STD / (np.sqrt(np.mean(np.arange(8, 32) ** 2)) * 18.5))
+    d = _jitter(rng, n, std / (np.sqrt(np.mean(np.arange(8, 32) ** 2)) * 18.5))
     out[:, 208:210] = _f16_bytes(d)
     return out
 
 
-def q8_0_blocks(rng, n: int) -> np.ndarray:
+def q8_0_blocks(rng, n: int, std: float = TARGET_STD) -> np.ndarray:
     """block_q8_0: d (f16), 32 int8. value = d * q, q uniform on -127..127 (std 73.6)."""
     out = np.empty((n, 34), np.uint8)
-    d = _jitter(rng, n, TARGET_STD / 73.6)
+    d = _jitter(rng, n, std / 73.6)
     out[:, 0:2] = _f16_bytes(d)
     q = np.frombuffer(rng.bytes(n * 32), np.int8).reshape(n, 32)
     q = np.where(q == -128, np.int8(-127), q)
@@ -90,12 +99,13 @@ def q8_0_blocks(rng, n: int) -> np.ndarray:
     return out
 
 
-def mxfp4_blocks(rng, n: int) -> np.ndarray:
+def mxfp4_blocks(rng, n: int, std: float = TARGET_STD) -> np.ndarray:
     """block_mxfp4: an E8M0 exponent byte e, 16 bytes of 4-bit E2M1 codes (element j low nibble,
     j + 16 high). value = kvalues[code] * 2^(e - 128) (ggml doubles the E2M1 values and halves
     the scale); the codes' rms is 5.85, so e near 128 + log2(0.025 / 5.85) = 120."""
     out = np.empty((n, 17), np.uint8)
-    out[:, 0] = rng.integers(119, 122, n, dtype=np.uint8)
+    e = int(round(128 + np.log2(std / 5.85)))
+    out[:, 0] = rng.integers(e - 1, e + 2, n, dtype=np.uint8)
     out[:, 1:] = np.frombuffer(rng.bytes(n * 16), np.uint8).reshape(n, 16)
     return out
 
@@ -150,7 +160,7 @@ class Tensor:
         make = BLOCKS[self.qtype]
         for start in range(0, self.rows, rows_per_chunk):
             r = min(rows_per_chunk, self.rows - start)
-            yield make(rng, r * blocks_per_row)
+            yield make(rng, r * blocks_per_row, self.std)
 
 
 # ---- presets --------------------------------------------------------------------------------
@@ -179,7 +189,7 @@ QWEN3 = dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, experts
 def qwen3moe_tensors(n_layers: int) -> list[Tensor]:
     c = QWEN3
     h, q, kv, e, ff, v = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["experts"], c["expert_ff"], c["vocab"]
-    t = [Tensor("token_embd.weight", (h, v), QT.Q4_K)]
+    t = [Tensor("token_embd.weight", (h, v), QT.Q4_K, std=EMBD_STD)]
     for i in range(n_layers):
         p = f"blk.{i}."
         # Q4_K_M: attn_v and ffn_down Q6_K on the layers use_more_bits picks (over the full model's
@@ -190,7 +200,7 @@ def qwen3moe_tensors(n_layers: int) -> list[Tensor]:
             Tensor(p + "attn_q.weight", (h, q), QT.Q4_K),
             Tensor(p + "attn_k.weight", (h, kv), QT.Q4_K),
             Tensor(p + "attn_v.weight", (h, kv), more),
-            Tensor(p + "attn_output.weight", (q, h), QT.Q4_K),
+            Tensor(p + "attn_output.weight", (q, h), QT.Q4_K, std=ATTN_OUT_STD),
             Tensor(p + "attn_q_norm.weight", (c["head_dim"],), QT.F32, "ones"),
             Tensor(p + "attn_k_norm.weight", (c["head_dim"],), QT.F32, "ones"),
             Tensor(p + "ffn_norm.weight", (h,), QT.F32, "ones"),
@@ -236,7 +246,7 @@ GPTOSS = dict(hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, experts
 def gptoss_tensors(n_layers: int) -> list[Tensor]:
     c = GPTOSS
     h, q, kv, e, ff, v = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["experts"], c["expert_ff"], c["vocab"]
-    t = [Tensor("token_embd.weight", (h, v), QT.Q8_0)]
+    t = [Tensor("token_embd.weight", (h, v), QT.Q8_0, std=EMBD_STD)]
     for i in range(n_layers):
         p = f"blk.{i}."
         t += [
@@ -247,7 +257,7 @@ def gptoss_tensors(n_layers: int) -> list[Tensor]:
             Tensor(p + "attn_k.bias", (kv,), QT.F32),
             Tensor(p + "attn_v.weight", (h, kv), QT.Q8_0),
             Tensor(p + "attn_v.bias", (kv,), QT.F32),
-            Tensor(p + "attn_output.weight", (q, h), QT.Q8_0),
+            Tensor(p + "attn_output.weight", (q, h), QT.Q8_0, std=ATTN_OUT_STD),
             Tensor(p + "attn_output.bias", (h,), QT.F32),
             Tensor(p + "attn_sinks.weight", (c["heads"],), QT.F32, std=1.0),
             Tensor(p + "post_attention_norm.weight", (h,), QT.F32, "ones"),
@@ -441,9 +451,10 @@ def check(path: Path, sample_rows: int = 64) -> None:
         worst = max(worst, float(np.abs(x).max()))
         if t.tensor_type != QT.F32:
             s = float(x.std())
-            assert 0.5 * TARGET_STD < s < 2 * TARGET_STD, (t.name, s)
+            want = EMBD_STD if t.name == "token_embd.weight" else ATTN_OUT_STD if "attn_output" in t.name else TARGET_STD
+            assert 0.5 * want < s < 2 * want, (t.name, s, want)
     print(f"check: {len(r.tensors)} tensors {dict(sorted(counts.items()))}; sampled values finite, "
-          f"matrix std within 2x of {TARGET_STD}, largest |value| {worst:.3f}")
+          f"every matrix's std within 2x of its intended one, largest |value| {worst:.3f}")
 
 
 def main() -> None:
