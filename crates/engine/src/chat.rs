@@ -157,6 +157,13 @@ pub fn render(
     end: PromptEnd,
     options: &RenderOptions,
 ) -> Result<String> {
+    let adjusted;
+    let messages = if template.is_some_and(ChatTemplate::is_harmony) {
+        adjusted = for_harmony(messages);
+        &adjusted[..]
+    } else {
+        messages
+    };
     // The last message, when it is one the reply could continue.
     let open_last = messages
         .split_last()
@@ -188,6 +195,18 @@ pub fn render(
     Ok(prompt)
 }
 
+/// Messages as gpt-oss's template takes them: a call's reasoning is its analysis message, which
+/// the template refuses beside content, so content beside both is dropped (as llama.cpp does).
+fn for_harmony(messages: &[Message]) -> Vec<Message> {
+    let mut out = messages.to_vec();
+    for m in &mut out {
+        if m.thinking.is_some() && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+            m.content.clear();
+        }
+    }
+    out
+}
+
 /// The conversation rendered by the template, up to the assistant's next turn when
 /// `add_generation_prompt`.
 fn render_turns(
@@ -216,6 +235,8 @@ fn render_turns(
 
 mod template_fns;
 
+#[cfg(test)]
+mod harmony_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

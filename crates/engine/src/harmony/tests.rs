@@ -164,3 +164,38 @@ fn the_forced_grammar_names_each_function() {
         "call_0: <|channel|> \"commentary to=functions.get_weather \" <|constrain|> \"json\" <|message|> %json {\"type\":\"object\"}"
     ), "{g}");
 }
+
+#[test]
+fn llama_cpps_cases_read_alike() {
+    // From llama.cpp's tests/test-chat.cpp (the gpt-oss parser's cases).
+    let said = "Hello, world!\nWhat's up?";
+    for text in [
+        format!("<|channel|>final<|message|>{said}"),
+        format!("<|channel|>commentary<|message|>{said}"),
+    ] {
+        assert_eq!(parse(&text, "c"), (String::new(), said.into(), vec![]));
+    }
+    for text in [
+        " to=functions.special_function<|channel|>analysis<|message|>{\"arg1\": 1}",
+        "<|channel|>analysis to=functions.special_function<|message|>{\"arg1\": 1}",
+        " to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>{\"arg1\": 1}",
+        "<|channel|>commentary to=functions.special_function<|message|>{\"arg1\": 1}",
+    ] {
+        let (_, content, calls) = parse(text, "c");
+        assert_eq!(content, "", "{text}");
+        assert_eq!(calls[0]["function"]["name"], "special_function", "{text}");
+        assert_eq!(calls[0]["function"]["arguments"], "{\"arg1\": 1}", "{text}");
+    }
+    let edit = "<|channel|>analysis<|message|>Thinking about edit...<|end|><|start|>assistant<|channel|>commentary to=functions.edit <|constrain|>json<|message|>{\"oldString\": \"if (part < railCount - 1) {\", \"newString\": \"if (part < 4) {\", \"replaceAll\": false}";
+    let (reasoning, _, calls) = parse(edit, "c");
+    assert_eq!(reasoning, "Thinking about edit...");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        "{\"oldString\": \"if (part < railCount - 1) {\", \"newString\": \"if (part < 4) {\", \"replaceAll\": false}"
+    );
+    check_splits(edit);
+    let structured = "<|channel|>analysis<|message|>JSON it is<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{\"amount\": 123.45}";
+    assert_eq!(parse(structured, "c").1, "{\"amount\": 123.45}");
+    let builtin = "<|channel|>analysis<|message|>run it<|end|><|start|>assistant to=container.exec<|channel|>commentary<|message|>python3 -c 'print(1)'";
+    assert_eq!(parse(builtin, "c"), ("run it".into(), String::new(), vec![]));
+}
