@@ -175,9 +175,7 @@ pub fn render(
                 "continuing the final message needs an assistant message (without tool calls) last"
                     .into(),
             )),
-            _ => {
-                return render_turns(template, messages, tools, end != PromptEnd::AsIs, options)
-            }
+            _ => return render_turns(template, messages, tools, end != PromptEnd::AsIs, options),
         };
     if before.last().is_some_and(|m| m.role == "assistant") {
         return Err(EngineError::ChatTemplate(

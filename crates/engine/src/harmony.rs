@@ -70,11 +70,17 @@ impl Default for HarmonyStream {
 
 /// The length of the longest tail of `text` that a marker starts with (but is not the marker).
 fn marker_prefix_len(text: &str) -> usize {
-    let Some(at) = text.rfind("<|").or_else(|| text.ends_with('<').then(|| text.len() - 1)) else {
+    let Some(at) = text
+        .rfind("<|")
+        .or_else(|| text.ends_with('<').then(|| text.len() - 1))
+    else {
         return 0;
     };
     let tail = &text[at..];
-    if MARKERS.iter().any(|m| m.len() > tail.len() && m.starts_with(tail)) {
+    if MARKERS
+        .iter()
+        .any(|m| m.len() > tail.len() && m.starts_with(tail))
+    {
         tail.len()
     } else {
         0
@@ -109,7 +115,11 @@ fn word_after<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 /// Whether `header` (text before its first `<|channel|>`) can begin a message the model writes:
 /// its role (`assistant`, after `<|start|>`) or a recipient (` to=...`).
 fn plausible(header: &str) -> bool {
-    let before = header.split(CHANNEL).next().unwrap_or_default().trim_start();
+    let before = header
+        .split(CHANNEL)
+        .next()
+        .unwrap_or_default()
+        .trim_start();
     let rest = match before.strip_prefix("assistant") {
         Some(rest) => rest.trim_start(),
         None if "assistant".starts_with(before) => return true,
@@ -120,7 +130,9 @@ fn plausible(header: &str) -> bool {
 
 /// A header's text without its markers (what degraded text shows).
 fn without_markers(text: &str) -> String {
-    MARKERS.iter().fold(text.to_string(), |t, m| t.replace(m, ""))
+    MARKERS
+        .iter()
+        .fold(text.to_string(), |t, m| t.replace(m, ""))
 }
 
 /// Where the body of the message with this header goes.

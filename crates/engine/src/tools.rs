@@ -142,7 +142,10 @@ impl Tools {
                 .iter()
                 .map(|t| {
                     let f = &t["function"];
-                    (f["name"].as_str().unwrap_or_default().to_string(), params(f))
+                    (
+                        f["name"].as_str().unwrap_or_default().to_string(),
+                        params(f),
+                    )
                 })
                 .collect();
             return Some(harmony::forced_call_grammar(&functions));
@@ -377,6 +380,9 @@ mod tests {
             .unwrap();
         assert!(none.offered().is_empty() && none.forced_grammar(ReplyFormat::Harmony).is_none());
         let h = t.forced_grammar(ReplyFormat::Harmony).unwrap();
-        assert!(h.contains("\"commentary to=functions.f \" <|constrain|>"), "{h}");
+        assert!(
+            h.contains("\"commentary to=functions.f \" <|constrain|>"),
+            "{h}"
+        );
     }
 }

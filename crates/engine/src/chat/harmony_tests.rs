@@ -49,7 +49,9 @@ fn gpt_oss_renders_as_transformers_does() {
             reasoning_effort: case["reasoning_effort"].as_str().map(String::from),
         };
         let agp = case["add_generation_prompt"].as_bool().unwrap();
-        let out = t.render_with_options(&messages, &tools, agp, &options).unwrap();
+        let out = t
+            .render_with_options(&messages, &tools, agp, &options)
+            .unwrap();
         let want = golden(name).replace("{DATE}", &today());
         assert_eq!(out, want, "{name}");
     }
@@ -62,7 +64,10 @@ fn prompts_end_as_gpt_oss_continues_them() {
     let prefill = Message::new("assistant", "Hello, ");
     let opts = RenderOptions::default();
     let next = render(Some(&t), &[user.clone()], &[], PromptEnd::Auto, &opts).unwrap();
-    assert!(next.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"), "{next}");
+    assert!(
+        next.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"),
+        "{next}"
+    );
     // A last assistant message is continued in the final channel (as llama.cpp continues it).
     let cont = render(Some(&t), &[user, prefill], &[], PromptEnd::Auto, &opts).unwrap();
     assert_eq!(
@@ -70,7 +75,10 @@ fn prompts_end_as_gpt_oss_continues_them() {
         format!("{next}<|channel|>final<|message|>Hello, "),
         "{cont}"
     );
-    assert!(!template().render(&[Message::new("user", "x")], true).unwrap().is_empty());
+    assert!(!template()
+        .render(&[Message::new("user", "x")], true)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -87,7 +95,9 @@ fn a_calls_reasoning_replaces_its_content() {
         tool_call_id: Some("c".into()),
         ..Message::new("tool", "12:00")
     };
-    let tools = [serde_json::json!({"type": "function", "function": {"name": "now", "description": "The time"}})];
+    let tools = [
+        serde_json::json!({"type": "function", "function": {"name": "now", "description": "The time"}}),
+    ];
     let messages = [Message::new("user", "Time?"), call, tool];
     let opts = RenderOptions::default();
     let out = render(Some(&t), &messages, &tools, PromptEnd::Auto, &opts).unwrap();

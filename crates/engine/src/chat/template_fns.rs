@@ -14,7 +14,11 @@ use std::io;
 struct PythonCompact;
 
 impl serde_json::ser::Formatter for PythonCompact {
-    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first {
             Ok(())
         } else {
@@ -22,7 +26,11 @@ impl serde_json::ser::Formatter for PythonCompact {
         }
     }
 
-    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first {
             Ok(())
         } else {

@@ -13,7 +13,10 @@ fn stream(pieces: &[&str]) -> (String, String, Vec<Value>) {
     let (mut reasoning, mut content) = (String::new(), String::new());
     for d in deltas {
         let (Delta::Reasoning(t) | Delta::Content(t)) = &d;
-        assert!(!MARKERS.iter().any(|m| t.contains(m)), "a marker leaked: {d:?}");
+        assert!(
+            !MARKERS.iter().any(|m| t.contains(m)),
+            "a marker leaked: {d:?}"
+        );
         match d {
             Delta::Reasoning(t) => reasoning.push_str(&t),
             Delta::Content(t) => content.push_str(&t),
@@ -44,7 +47,10 @@ fn reasoning_and_answer_are_apart() {
     assert_eq!(content, "2 + 2 = 4.");
     assert!(calls.is_empty());
     // The end token's text, when a caller keeps it, changes nothing.
-    assert_eq!(parse(&format!("{ANSWER}<|return|>"), "call").1, "2 + 2 = 4.");
+    assert_eq!(
+        parse(&format!("{ANSWER}<|return|>"), "call").1,
+        "2 + 2 = 4."
+    );
     check_splits(ANSWER);
 }
 
@@ -57,7 +63,10 @@ fn a_call_in_the_commentary_channel() {
     assert_eq!(calls[0]["id"], "call-0");
     assert_eq!(calls[0]["type"], "function");
     assert_eq!(calls[0]["function"]["name"], "get_weather");
-    assert_eq!(calls[0]["function"]["arguments"], "{\"location\":\"Paris\"}");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        "{\"location\":\"Paris\"}"
+    );
     assert_eq!(parse(&format!("{CALL}<|call|>"), "call").2, calls);
     check_splits(CALL);
 }
@@ -116,12 +125,18 @@ fn text_that_is_not_harmony_is_content() {
         "assistant is my name",
     ] {
         let (reasoning, content, calls) = parse(text, "c");
-        assert_eq!((reasoning.as_str(), content.as_str()), ("", text), "{text:?}");
+        assert_eq!(
+            (reasoning.as_str(), content.as_str()),
+            ("", text),
+            "{text:?}"
+        );
         assert!(calls.is_empty());
         check_splits(text);
     }
     // Markers out of place never panic nor leak, whatever their order.
-    let markers = [START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL, "x", "to=", " "];
+    let markers = [
+        START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL, "x", "to=", " ",
+    ];
     for a in markers {
         for b in markers {
             for c in markers {
@@ -142,10 +157,16 @@ fn text_that_is_not_harmony_is_content() {
 #[test]
 fn partial_markers_are_held_back_then_released() {
     let mut s = HarmonyStream::default();
-    assert_eq!(s.push("<|channel|>analysis<|message|>a <"), vec![Delta::Reasoning("a ".into())]);
+    assert_eq!(
+        s.push("<|channel|>analysis<|message|>a <"),
+        vec![Delta::Reasoning("a ".into())]
+    );
     assert_eq!(s.push("|e"), vec![]);
     assert_eq!(s.push("nd|><|start|>assistant<|chan"), vec![]);
-    assert_eq!(s.push("nel|>final<|message|>b"), vec![Delta::Content("b".into())]);
+    assert_eq!(
+        s.push("nel|>final<|message|>b"),
+        vec![Delta::Content("b".into())]
+    );
     assert_eq!(s.push(" <"), vec![Delta::Content(" ".into())]);
     assert_eq!(s.push("3"), vec![Delta::Content("<3".into())]);
     assert_eq!(s.push("<|"), vec![]);
@@ -197,5 +218,8 @@ fn llama_cpps_cases_read_alike() {
     let structured = "<|channel|>analysis<|message|>JSON it is<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{\"amount\": 123.45}";
     assert_eq!(parse(structured, "c").1, "{\"amount\": 123.45}");
     let builtin = "<|channel|>analysis<|message|>run it<|end|><|start|>assistant to=container.exec<|channel|>commentary<|message|>python3 -c 'print(1)'";
-    assert_eq!(parse(builtin, "c"), ("run it".into(), String::new(), vec![]));
+    assert_eq!(
+        parse(builtin, "c"),
+        ("run it".into(), String::new(), vec![])
+    );
 }
