@@ -289,7 +289,8 @@ pub fn parse(text: &str, id_prefix: &str) -> (String, String, Vec<Value>) {
 
 /// The grammar (llguidance's Lark syntax, markers as special tokens) of a reply in harmony that
 /// must call one of `functions` ((name, JSON Schema of the arguments)): an optional analysis
-/// message, then the call, the recipient in the channel's header as gpt-oss writes it.
+/// message, then the call, the recipient in the channel's header as gpt-oss writes it, and its
+/// arguments as compact JSON.
 pub fn forced_call_grammar(functions: &[(String, Value)]) -> String {
     let mut g = String::from(
         "start: analysis? call\n\
@@ -299,6 +300,14 @@ pub fn forced_call_grammar(functions: &[(String, Value)]) -> String {
     let names: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
     g.push_str(&format!("call: {}\n", names.join(" | ")));
     for (rule, (name, schema)) in names.iter().zip(functions) {
+        // Compact JSON, as gpt-oss writes its arguments (`{"location":"Paris"}`).
+        let mut schema = schema.clone();
+        if let Some(object) = schema.as_object_mut() {
+            object.insert(
+                "x-guidance".into(),
+                json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+            );
+        }
         g.push_str(&format!(
             "{rule}: <|channel|> {} <|constrain|> \"json\" <|message|> %json {}\n",
             Value::String(format!("commentary to=functions.{name} ")),

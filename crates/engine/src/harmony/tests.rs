@@ -182,7 +182,7 @@ fn the_forced_grammar_names_each_function() {
     assert!(g.starts_with("start: analysis? call\n"), "{g}");
     assert!(g.contains("call: call_0 | call_1\n"), "{g}");
     assert!(g.contains(
-        "call_0: <|channel|> \"commentary to=functions.get_weather \" <|constrain|> \"json\" <|message|> %json {\"type\":\"object\"}"
+        "call_0: <|channel|> \"commentary to=functions.get_weather \" <|constrain|> \"json\" <|message|> %json {\"type\":\"object\",\"x-guidance\":{"
     ), "{g}");
 }
 
