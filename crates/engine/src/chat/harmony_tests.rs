@@ -63,7 +63,14 @@ fn prompts_end_as_gpt_oss_continues_them() {
     let user = Message::new("user", "Hi");
     let prefill = Message::new("assistant", "Hello, ");
     let opts = RenderOptions::default();
-    let next = render(Some(&t), &[user.clone()], &[], PromptEnd::Auto, &opts).unwrap();
+    let next = render(
+        Some(&t),
+        std::slice::from_ref(&user),
+        &[],
+        PromptEnd::Auto,
+        &opts,
+    )
+    .unwrap();
     assert!(
         next.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"),
         "{next}"
