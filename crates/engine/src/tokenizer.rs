@@ -153,9 +153,10 @@ impl Tokenizer {
         let eos = id("tokenizer.ggml.eos_token_id");
         let mut end_tokens: Vec<u32> = eos.into_iter().collect();
         end_tokens.extend(id("tokenizer.ggml.eot_token_id"));
+        // A special token (control or user-defined: conversions differ) by its text.
         let control_id = |text: &str| {
             let i = tokens.iter().position(|t| t == text)?;
-            is_control[i].then_some(i as u32)
+            matches!(types[i], TOKEN_CONTROL | TOKEN_USER_DEFINED).then_some(i as u32)
         };
         // Harmony's vocabulary (gpt-oss, o200k_harmony) ends a turn with `<|return|>` or
         // `<|call|>`; its `<|end|>` ends one message of the turn, and the reply goes on.

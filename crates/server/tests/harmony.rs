@@ -407,3 +407,11 @@ async fn text_that_is_not_harmony_is_content() {
         (whole, reasoning)
     );
 }
+
+/// The same answers read by the official OpenAI and Anthropic Python clients, every streamed
+/// event checked against the SDK's own type for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_clients_read_the_reasoning() {
+    let base = server().await;
+    run_client("harmony_client.py", vec![base, "tiny-harmony".into()]).await;
+}
