@@ -9,6 +9,7 @@ pub mod generate;
 pub mod generation;
 pub mod gguf;
 pub mod grammar;
+pub mod harmony;
 pub mod kernels;
 pub mod kv_cache;
 pub mod logprobs;
@@ -24,7 +25,7 @@ pub mod tools;
 pub mod verify;
 pub mod weights;
 
-pub use chat::{ChatTemplate, Message, PromptEnd};
+pub use chat::{ChatTemplate, Message, PromptEnd, RenderOptions};
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
 pub use generation::{FinishReason, GenerationConfig, GenerationOutput};
@@ -108,17 +109,20 @@ impl LoadedModel {
         messages: &[Message],
         tools: &[serde_json::Value],
     ) -> Result<String> {
-        self.render_chat_ending(messages, tools, PromptEnd::Auto)
+        let options = RenderOptions::default();
+        self.render_chat_ending(messages, tools, PromptEnd::Auto, &options)
     }
 
-    /// The prompt text for a conversation, ending where `end` says (see `chat::render`).
+    /// The prompt text for a conversation, ending where `end` says, with the template's
+    /// `options` (see `chat::render`).
     pub fn render_chat_ending(
         &self,
         messages: &[Message],
         tools: &[serde_json::Value],
         end: PromptEnd,
+        options: &RenderOptions,
     ) -> Result<String> {
-        chat::render(self.chat_template.as_ref(), messages, tools, end)
+        chat::render(self.chat_template.as_ref(), messages, tools, end, options)
     }
 
     /// Generates from a prompt given as text (already chat-rendered if wanted).

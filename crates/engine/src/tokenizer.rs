@@ -50,6 +50,11 @@ const END_OF_TURN_TEXTS: [&str; 6] = [
     "<|end|>",
 ];
 
+/// Harmony's end of a message, and its two ends of a turn (a reply, a call).
+const HARMONY_END: &str = "<|end|>";
+const HARMONY_RETURN: &str = "<|return|>";
+const HARMONY_CALL: &str = "<|call|>";
+
 /// A model's tokenizer. What is built over its vocabulary elsewhere is cached there under its
 /// `id` (the grammar compiler for structured output: `Tokenizer::grammar`, in `grammar.rs`).
 pub struct Tokenizer {
@@ -152,10 +157,26 @@ impl Tokenizer {
         let eos = id("tokenizer.ggml.eos_token_id");
         let mut end_tokens: Vec<u32> = eos.into_iter().collect();
         end_tokens.extend(id("tokenizer.ggml.eot_token_id"));
+        // A special token (control or user-defined: conversions differ) by its text.
+        let control_id = |text: &str| {
+            let i = tokens.iter().position(|t| t == text)?;
+            matches!(types[i], TOKEN_CONTROL | TOKEN_USER_DEFINED).then_some(i as u32)
+        };
+        // Harmony's vocabulary (gpt-oss, o200k_harmony) ends a turn with `<|return|>` or
+        // `<|call|>`; its `<|end|>` ends one message of the turn, and the reply goes on.
+        let harmony_ends = [HARMONY_RETURN, HARMONY_CALL].map(control_id);
+        let harmony = harmony_ends.iter().all(Option::is_some);
         for (i, t) in tokens.iter().enumerate() {
-            if is_control[i] && END_OF_TURN_TEXTS.contains(&t.as_str()) {
+            if is_control[i]
+                && END_OF_TURN_TEXTS.contains(&t.as_str())
+                && !(harmony && t == HARMONY_END)
+            {
                 end_tokens.push(i as u32);
             }
+        }
+        end_tokens.extend(harmony_ends.into_iter().flatten());
+        if harmony {
+            end_tokens.retain(|&t| Some(t) != control_id(HARMONY_END));
         }
         // The BOS token opens turns in some chat formats (SmolLM's <|im_start|>): it ends nothing
         // unless the model says it is also its EOS.

@@ -1,8 +1,11 @@
 //! Function calling for chat completions (the server's and the Python bindings'): the request's `tools` and `tool_choice` checked, the
-//! grammar that forces a call when the client requires one, and the model's output (Qwen-style
-//! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, the format the chat
-//! templates that take tools teach the model) turned into OpenAI `tool_calls`, whole or streamed.
+//! grammar that forces a call when the client requires one, and the model's output turned into
+//! content, reasoning and OpenAI `tool_calls`, whole or streamed (`ReplyStream`), in the model's
+//! format (`ReplyFormat`): Qwen-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+//! blocks (the format the chat templates that take tools teach the model), or OpenAI's harmony
+//! (gpt-oss: `crate::harmony`).
 
+use crate::harmony::{self, HarmonyStream};
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
@@ -117,15 +120,39 @@ impl Tools {
     }
 
     /// The grammar (llguidance's Lark syntax) that forces one call when the choice is `required`
-    /// or a named function: `<tool_call>`, a JSON object with the function's name and arguments
-    /// valid against its parameters, `</tool_call>`, and then the end.
-    pub fn forced_grammar(&self) -> Option<String> {
+    /// or a named function. In `<tool_call>` blocks: `<tool_call>`, a JSON object with the
+    /// function's name and arguments valid against its parameters, `</tool_call>`, and then the
+    /// end; in harmony, `harmony::forced_call_grammar`.
+    pub fn forced_grammar(&self, format: ReplyFormat) -> Option<String> {
+        let params = |f: &Value| match f.get("parameters") {
+            Some(p) if p.is_object() => p.clone(),
+            _ => json!({"type": "object"}),
+        };
+        let forced: Vec<&Value> = match &self.choice {
+            ToolChoice::Auto | ToolChoice::None => return None,
+            ToolChoice::Required => self.specs.iter().collect(),
+            ToolChoice::Function(name) => self
+                .specs
+                .iter()
+                .filter(|t| t["function"]["name"] == name.as_str())
+                .collect(),
+        };
+        if format == ReplyFormat::Harmony {
+            let functions: Vec<(String, Value)> = forced
+                .iter()
+                .map(|t| {
+                    let f = &t["function"];
+                    (
+                        f["name"].as_str().unwrap_or_default().to_string(),
+                        params(f),
+                    )
+                })
+                .collect();
+            return Some(harmony::forced_call_grammar(&functions));
+        }
         let call = |t: &Value| {
             let f = &t["function"];
-            let params = match f.get("parameters") {
-                Some(p) if p.is_object() => p.clone(),
-                _ => json!({"type": "object"}),
-            };
+            let params = params(f);
             json!({
                 "type": "object",
                 "properties": {"name": {"const": f["name"]}, "arguments": params},
@@ -134,16 +161,10 @@ impl Tools {
             })
         };
         let schema = match &self.choice {
-            ToolChoice::Auto | ToolChoice::None => return None,
             ToolChoice::Required => {
-                json!({"anyOf": self.specs.iter().map(call).collect::<Vec<_>>()})
+                json!({"anyOf": forced.iter().map(|t| call(t)).collect::<Vec<_>>()})
             }
-            ToolChoice::Function(name) => call(
-                self.specs
-                    .iter()
-                    .find(|t| t["function"]["name"] == name.as_str())
-                    .expect("checked in parse"),
-            ),
+            _ => call(forced.first().expect("checked in parse")),
         };
         Some(format!(
             "start: \"{}\\n\" call \"\\n{}\"\ncall: %json {}\n",
@@ -228,6 +249,86 @@ impl CallStream {
     }
 }
 
+/// How a chat model writes its reply, which says how to read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyFormat {
+    /// Plain text, read as it is (text completions, and chats without tools).
+    Text,
+    /// Text that may end in `<tool_call>` blocks (chats that offered tools).
+    ToolCallBlocks,
+    /// OpenAI's harmony (gpt-oss): channels of reasoning and content, and calls.
+    Harmony,
+}
+
+impl ReplyFormat {
+    /// The format of a chat reply from a model whose template is `template` (see
+    /// `ChatTemplate::is_harmony`), tools offered or not.
+    pub fn of_chat(template: Option<&crate::ChatTemplate>, tools: bool) -> ReplyFormat {
+        match template {
+            Some(t) if t.is_harmony() => ReplyFormat::Harmony,
+            _ if tools => ReplyFormat::ToolCallBlocks,
+            _ => ReplyFormat::Text,
+        }
+    }
+}
+
+/// A piece of a reply, as it streams.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delta {
+    /// What the client sees as the answer.
+    Content(String),
+    /// The model's reasoning (harmony's analysis channel).
+    Reasoning(String),
+}
+
+/// A reply read as it arrives, in its `ReplyFormat`: content and reasoning as they can go out
+/// (never a marker of the format, nor what may yet be one), the calls at the end.
+pub struct ReplyStream(Reader);
+
+enum Reader {
+    Text,
+    Calls(CallStream),
+    Harmony(HarmonyStream),
+}
+
+impl ReplyStream {
+    pub fn new(format: ReplyFormat) -> Self {
+        ReplyStream(match format {
+            ReplyFormat::Text => Reader::Text,
+            ReplyFormat::ToolCallBlocks => Reader::Calls(CallStream::default()),
+            ReplyFormat::Harmony => Reader::Harmony(HarmonyStream::default()),
+        })
+    }
+
+    /// What the next `text` of the reply adds.
+    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        let content = match &mut self.0 {
+            Reader::Text => text.to_string(),
+            Reader::Calls(c) => c.push(text),
+            Reader::Harmony(h) => return h.push(text),
+        };
+        if content.is_empty() {
+            Vec::new()
+        } else {
+            vec![Delta::Content(content)]
+        }
+    }
+
+    /// At the end: what was held back, and the calls (OpenAI `tool_calls` entries with ids
+    /// `{id_prefix}-{i}`; none when the reply made none).
+    pub fn finish(&mut self, id_prefix: &str) -> (Vec<Delta>, Vec<Value>) {
+        match &mut self.0 {
+            Reader::Text => (Vec::new(), Vec::new()),
+            Reader::Calls(c) => match c.finish(id_prefix) {
+                Ok(calls) => (Vec::new(), calls),
+                Err(held) if held.is_empty() => (Vec::new(), Vec::new()),
+                Err(held) => (vec![Delta::Content(held)], Vec::new()),
+            },
+            Reader::Harmony(h) => h.finish(id_prefix),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,7 +366,7 @@ mod tests {
         let t = Tools::parse(Some(&tools), Some(&json!("required")))
             .unwrap()
             .unwrap();
-        let g = t.forced_grammar().unwrap();
+        let g = t.forced_grammar(ReplyFormat::ToolCallBlocks).unwrap();
         assert!(g.contains("%json") && g.contains("\"const\":\"f\""), "{g}");
         assert!(Tools::parse(
             Some(&tools),
@@ -277,6 +378,11 @@ mod tests {
         let none = Tools::parse(Some(&tools), Some(&json!("none")))
             .unwrap()
             .unwrap();
-        assert!(none.offered().is_empty() && none.forced_grammar().is_none());
+        assert!(none.offered().is_empty() && none.forced_grammar(ReplyFormat::Harmony).is_none());
+        let h = t.forced_grammar(ReplyFormat::Harmony).unwrap();
+        assert!(
+            h.contains("\"commentary to=functions.f \" <|constrain|>"),
+            "{h}"
+        );
     }
 }

@@ -180,7 +180,9 @@ impl Engine {
             .lm
             .render_chat_with_tools(&messages, offered)
             .map_err(py_err)?;
-        Ok((prompt, tools.and_then(|t| t.forced_grammar())))
+        let lm = &self.inner.lm;
+        let format = engine::tools::ReplyFormat::of_chat(lm.chat_template.as_ref(), true);
+        Ok((prompt, tools.and_then(|t| t.forced_grammar(format))))
     }
 
     /// Runs every prompt (token ids) with its settings (`SamplingParams` as JSON) in one

@@ -278,7 +278,7 @@ async fn each_api_answers_errors_in_its_own_shape() {
     anthropic(400, &r.json().await.unwrap(), "invalid_request_error");
     let r = send(
         "/v1/responses",
-        r#"{"input": [{"type": "reasoning", "summary": []}]}"#,
+        r#"{"input": [{"type": "web_search_call", "id": "ws_1", "status": "completed"}]}"#,
     )
     .await
     .unwrap();

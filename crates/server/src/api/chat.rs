@@ -54,10 +54,10 @@ pub(super) async fn complete(
         lm: state.lm.clone(),
         logprobs: valid.config.logprobs.is_some(),
     };
-    let (n, stream, include_usage, tools) =
-        (valid.n, valid.stream, valid.include_usage, valid.tools);
+    let (n, stream, include_usage, reply) =
+        (valid.n, valid.stream, valid.include_usage, valid.reply);
     let rx = submit(state, tenant, valid)?;
-    let outputs = Outputs::new(rx, n, tools, format!("call-{}", meta.id));
+    let outputs = Outputs::new(rx, n, reply, format!("call-{}", meta.id));
     Ok(if stream {
         super::stream::stream(meta, outputs, n, include_usage).into_response()
     } else {
@@ -79,14 +79,39 @@ fn text_prompt(req: &WireRequest) -> Result<String, ApiError> {
     }
 }
 
-/// The chat's messages, tools and prompt end.
+/// The chat's messages, tools, prompt end and reasoning effort.
 fn conversation(req: &WireRequest) -> Result<Conversation, ApiError> {
-    conversation_of(
+    let mut conv = conversation_of(
         req.messages.as_deref(),
         req.tools.as_ref(),
         req.tool_choice.as_ref(),
         prompt_end(req.add_generation_prompt, req.continue_final_message)?,
-    )
+    )?;
+    conv.options.reasoning_effort =
+        reasoning_effort(req.reasoning_effort.as_deref(), "reasoning_effort")?;
+    Ok(conv)
+}
+
+/// A reasoning effort as the templates know it (`low`, `medium`, `high`: gpt-oss's), from the
+/// names OpenAI's and Anthropic's APIs also use (`none`, `minimal` the least, `xhigh`, `max` the
+/// most); anything else is a 400 naming `field`.
+pub(super) fn reasoning_effort(
+    effort: Option<&str>,
+    field: &str,
+) -> Result<Option<String>, ApiError> {
+    let level = match effort {
+        None => return Ok(None),
+        Some("none" | "minimal" | "low") => "low",
+        Some("medium") => "medium",
+        Some("high" | "xhigh" | "max") => "high",
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("{field} must be low, medium or high, got '{other}'"),
+                Some(field),
+            ))
+        }
+    };
+    Ok(Some(level.to_string()))
 }
 
 /// Chat messages, tools and where the prompt ends, as the template takes them.
@@ -114,6 +139,7 @@ pub(super) fn conversation_of(
         messages,
         tools,
         end,
+        options: Default::default(),
     })
 }
 
@@ -190,6 +216,9 @@ fn message(i: usize, m: &ChatMessage) -> Result<Message, ApiError> {
     }
     message.tool_call_id = m.tool_call_id.clone();
     message.name = m.name.clone();
+    if role == "assistant" {
+        message.thinking = m.reasoning_content.clone();
+    }
     Ok(message)
 }
 

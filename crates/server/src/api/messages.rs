@@ -18,7 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::{Message, PromptEnd};
+use engine::{Message, PromptEnd, RenderOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -163,10 +163,10 @@ async fn answer(
     let conv = conversation(&req, state.config.lenient)?;
     let settings = settings(&req, model.clone())?;
     let valid = validate::chat(state, conv, settings, NAMES).await?;
-    let (stream, tools, prompt_tokens) = (valid.stream, valid.tools, valid.prompt.len());
+    let (stream, reply, prompt_tokens) = (valid.stream, valid.reply, valid.prompt.len());
     let rx = submit(state, tenant, valid)?;
     let id = super::random_id("msg_");
-    let outputs = Outputs::new(rx, 1, tools, format!("toolu_{}", &id[4..]));
+    let outputs = Outputs::new(rx, 1, reply, format!("toolu_{}", &id[4..]));
     let model = answer_model(state, model.as_deref());
     if stream {
         return Ok(
@@ -210,7 +210,8 @@ fn settings(req: &MessagesRequest, model: Option<String>) -> Result<Settings, Ap
     })
 }
 
-/// Structured output from `output_config.format` (a JSON schema); `effort` changes nothing.
+/// Structured output from `output_config.format` (a JSON schema); `effort` is read by
+/// `conversation`, for templates that take it.
 fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiError> {
     let Some(config) = config.filter(|c| !c.is_null()) else {
         return Ok(engine::ResponseFormat::Text);
@@ -224,7 +225,7 @@ fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiEr
     for (key, value) in object {
         match key.as_str() {
             "format" => {}
-            // How hard to think: the models pld runs do not think, so any effort is the same.
+            // How hard to think: for the templates that take it (`conversation`).
             "effort" => {}
             other => {
                 return Err(ApiError::bad_request(
@@ -268,10 +269,20 @@ fn conversation(req: &MessagesRequest, lenient: bool) -> Result<Conversation, Ap
     for (i, m) in wire.iter().enumerate() {
         add_message(&mut messages, m, i)?;
     }
+    let effort = match req.output_config.as_ref().and_then(|c| c.get("effort")) {
+        None | Some(Value::Null) => None,
+        Some(e) => super::chat::reasoning_effort(
+            Some(e.as_str().unwrap_or_default()),
+            "output_config.effort",
+        )?,
+    };
     Ok(Conversation {
         messages,
         tools: tools(req, lenient)?,
         end: PromptEnd::Auto,
+        options: RenderOptions {
+            reasoning_effort: effort,
+        },
     })
 }
 
@@ -299,7 +310,7 @@ fn blocks_text(content: &Value, param: &str) -> Result<String, ApiError> {
 fn unsupported_block(kind: Option<&str>, param: &str) -> ApiError {
     ApiError::bad_request(
         format!(
-            "{param}: content blocks of type {} are not supported here (text, tool_use, tool_result)",
+            "{param}: content blocks of type {} are not supported here (text, thinking, tool_use, tool_result)",
             kind.map_or("(missing)".to_string(), |k| format!("'{k}'"))
         ),
         Some(param),
@@ -340,10 +351,16 @@ fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result
     };
     let mut text = Vec::new();
     let mut calls = Vec::new();
+    let mut thinking: Option<String> = None;
     for (j, b) in blocks.iter().enumerate() {
         let at = format!("{param}.content[{j}]");
         match (b.get("type").and_then(Value::as_str), m.role.as_str()) {
             (Some("text"), _) => text.push(b["text"].as_str().unwrap_or("").to_string()),
+            // The model's reasoning given back (its signature is not checked: pld signs none).
+            (Some("thinking"), "assistant") => thinking
+                .get_or_insert_default()
+                .push_str(b["thinking"].as_str().unwrap_or("")),
+            (Some("redacted_thinking"), "assistant") => {}
             (Some("tool_use"), "assistant") => {
                 let (Some(id), Some(name)) = (b["id"].as_str(), b["name"].as_str()) else {
                     return Err(ApiError::bad_request(
@@ -383,11 +400,12 @@ fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result
             (other, _) => return Err(unsupported_block(other, &at)),
         }
     }
-    if !text.is_empty() || !calls.is_empty() {
+    if !text.is_empty() || !calls.is_empty() || thinking.is_some() {
         let mut message = Message::new(&m.role, &text.join("\n\n"));
         if !calls.is_empty() {
             message.tool_calls = Some(calls);
         }
+        message.thinking = thinking;
         messages.push(message);
     }
     Ok(())
@@ -438,6 +456,11 @@ fn tools(req: &MessagesRequest, lenient: bool) -> Result<Option<Tools>, ApiError
         .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))
 }
 
+/// The model's reasoning as a `thinking` block (unsigned: pld has no signature to give).
+pub(super) fn thinking_block(thinking: &str) -> Value {
+    json!({"type": "thinking", "thinking": thinking, "signature": ""})
+}
+
 /// Anthropic's `stop_reason` and `stop_sequence`.
 pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
     match finish {
@@ -461,6 +484,9 @@ pub(super) fn usage(u: &super::output::Usage) -> Value {
 /// A whole message.
 fn message_object(id: &str, model: &str, c: &Choice) -> Value {
     let mut content = Vec::new();
+    if !c.reasoning.is_empty() {
+        content.push(thinking_block(&c.reasoning));
+    }
     if !c.text.is_empty() || c.calls.is_empty() {
         content.push(json!({"type": "text", "text": c.text}));
     }

@@ -1,11 +1,12 @@
 //! A streamed Messages answer: Anthropic's events, each an SSE event of its type:
 //! `message_start` (the message with empty content), `ping`, then for each content block
-//! `content_block_start`, `content_block_delta` (`text_delta`, or one `input_json_delta` with a
-//! call's whole arguments) and `content_block_stop`, and at the end `message_delta` (the stop
+//! `content_block_start`, `content_block_delta` (`thinking_delta` in the `thinking` block of the
+//! model's reasoning, `text_delta`, or one `input_json_delta` with a call's whole arguments) and
+//! `content_block_stop`, and at the end `message_delta` (the stop
 //! reason and output tokens) and `message_stop`. A failure is an `error` event; while
 //! nothing else is sent (a long prefill) a `ping` goes out every 10 s.
 
-use super::messages::{stop_reason, usage};
+use super::messages::{stop_reason, thinking_block, usage};
 use super::output::{Call, Outputs, Piece, Usage};
 use super::stream::Chunk;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -20,6 +21,8 @@ struct Said {
     outputs: Outputs,
     started: bool,
     done: bool,
+    /// The open thinking block's index.
+    thinking: Option<usize>,
     /// The open text block's index.
     text: Option<usize>,
     /// Blocks started so far.
@@ -33,10 +36,41 @@ fn event(kind: &str, mut body: Value) -> Chunk {
 }
 
 impl Said {
+    fn thinking(&mut self, thinking: String, out: &mut Vec<Chunk>) {
+        if thinking.is_empty() {
+            return;
+        }
+        self.close_text(out);
+        let index = match self.thinking {
+            Some(i) => i,
+            None => {
+                let index = self.blocks;
+                self.blocks += 1;
+                self.thinking = Some(index);
+                out.push(event(
+                    "content_block_start",
+                    json!({"index": index, "content_block": thinking_block("")}),
+                ));
+                index
+            }
+        };
+        out.push(event(
+            "content_block_delta",
+            json!({"index": index, "delta": {"type": "thinking_delta", "thinking": thinking}}),
+        ));
+    }
+
+    fn close_thinking(&mut self, out: &mut Vec<Chunk>) {
+        if let Some(index) = self.thinking.take() {
+            out.push(event("content_block_stop", json!({"index": index})));
+        }
+    }
+
     fn open_text(&mut self, out: &mut Vec<Chunk>) -> usize {
         if let Some(i) = self.text {
             return i;
         }
+        self.close_thinking(out);
         let index = self.blocks;
         self.blocks += 1;
         self.text = Some(index);
@@ -65,6 +99,7 @@ impl Said {
     }
 
     fn calls(&mut self, calls: &[Call], out: &mut Vec<Chunk>) {
+        self.close_thinking(out);
         self.close_text(out);
         self.calls = !calls.is_empty();
         for call in calls {
@@ -88,6 +123,7 @@ impl Said {
             // A text block even when the text is empty, as the whole answer has.
             self.open_text(out);
         }
+        self.close_thinking(out);
         self.close_text(out);
         let (reason, sequence) = stop_reason(finish);
         out.push(event(
@@ -113,6 +149,7 @@ pub(super) fn stream(
         outputs,
         started: false,
         done: false,
+        thinking: None,
         text: None,
         blocks: 0,
         calls: false,
@@ -136,6 +173,7 @@ pub(super) fn stream(
         for piece in st.outputs.next().await? {
             match piece {
                 Piece::Text { text, .. } => st.text(text, &mut out),
+                Piece::Reasoning { text, .. } => st.thinking(text, &mut out),
                 Piece::Calls { calls, .. } => st.calls(&calls, &mut out),
                 Piece::Finished { finish, usage, .. } => st.finished(&finish, usage, &mut out),
                 Piece::Failed(m) => {

@@ -1,12 +1,14 @@
 //! A request's output in the terms every API renders, from the one stream of engine events:
-//! text as it is released, the function calls parsed out of it when tools were offered (text
-//! from the first `<tool_call>` on is held back and parsed at the end, by `tools::CallStream`),
-//! and each choice's end with its token counts. The chat and text completions, the Responses
-//! API and the Messages API all read their output through `Outputs`, streamed (`next`) or whole
-//! (`collect`); none of them reads the engine's events or parses calls itself.
+//! text as it is released, read in the model's `ReplyFormat` by `tools::ReplyStream` (content,
+//! the model's reasoning when it writes it apart, as gpt-oss's harmony does, and function calls:
+//! `<tool_call>` blocks are held back from the first one on and parsed at the end; harmony's
+//! markers never reach the client), and each choice's end with its token counts. The chat and
+//! text completions, the Responses API and the Messages API all read their output through
+//! `Outputs`, streamed (`next`) or whole (`collect`); none of them reads the engine's events or
+//! parses the model's text itself.
 
 use crate::scheduler::Event;
-use crate::tools::CallStream;
+use crate::tools::{Delta, ReplyFormat, ReplyStream};
 use engine::{FinishReason, TokenLogprob};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -64,6 +66,8 @@ pub(super) enum Piece {
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// The model's reasoning (before the text it leads to).
+    Reasoning { index: usize, text: String },
     /// Choice `index` ended in these calls (sent just before its `Finished`).
     Calls { index: usize, calls: Vec<Call> },
     Finished {
@@ -80,17 +84,44 @@ pub(super) enum Piece {
 pub(super) struct Choice {
     /// The text (with calls: the text before them, trimmed).
     pub text: String,
+    /// The model's reasoning (empty when it wrote none apart).
+    pub reasoning: String,
     pub logprobs: Vec<TokenLogprob>,
     pub calls: Vec<Call>,
     pub finish: Finish,
     pub usage: Usage,
 }
 
+/// The pieces of choice `index` that `deltas` make, the text's log-probabilities with the first
+/// text (or alone, when the tokens were all reasoning or held back).
+fn pieces(index: usize, deltas: Vec<Delta>, logprobs: Vec<TokenLogprob>) -> Vec<Piece> {
+    let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
+    let mut out: Vec<Piece> = deltas
+        .into_iter()
+        .map(|d| match d {
+            Delta::Reasoning(text) => Piece::Reasoning { index, text },
+            Delta::Content(text) => Piece::Text {
+                index,
+                text,
+                logprobs: logprobs.take().unwrap_or_default(),
+            },
+        })
+        .collect();
+    if let Some(logprobs) = logprobs {
+        out.push(Piece::Text {
+            index,
+            text: String::new(),
+            logprobs,
+        });
+    }
+    out
+}
+
 /// The output of one request of `n` choices, read from its engine events.
 pub(super) struct Outputs {
     rx: mpsc::UnboundedReceiver<Event>,
-    /// Per choice, when tools were offered: its text with calls held back.
-    calls: Option<Vec<CallStream>>,
+    /// Per choice: its text read in the model's format.
+    replies: Vec<ReplyStream>,
     /// Call ids are this, the choice and the call's number.
     call_prefix: String,
     n: usize,
@@ -101,12 +132,12 @@ impl Outputs {
     pub fn new(
         rx: mpsc::UnboundedReceiver<Event>,
         n: usize,
-        tools: bool,
+        format: ReplyFormat,
         call_prefix: String,
     ) -> Self {
         Outputs {
             rx,
-            calls: tools.then(|| (0..n).map(|_| CallStream::default()).collect()),
+            replies: (0..n).map(|_| ReplyStream::new(format)).collect(),
             call_prefix,
             n,
             finished: 0,
@@ -126,21 +157,7 @@ impl Outputs {
                 index,
                 text,
                 logprobs,
-            } => {
-                let text = match &mut self.calls {
-                    Some(c) => c[index].push(&text),
-                    None => text,
-                };
-                if text.is_empty() && logprobs.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![Piece::Text {
-                        index,
-                        text,
-                        logprobs,
-                    }]
-                }
-            }
+            } => pieces(index, self.replies[index].push(&text), logprobs),
             Event::Finished {
                 index,
                 reason,
@@ -160,21 +177,13 @@ impl Outputs {
                     // The server ends a request a client left by dropping it.
                     FinishReason::Stop | FinishReason::Cancelled => Finish::Stop { sequence: stop },
                 };
-                let mut out = Vec::new();
-                if let Some(c) = &mut self.calls {
-                    match c[index].finish(&format!("{}-{index}", self.call_prefix)) {
-                        Ok(calls) => {
-                            let calls = calls.iter().map(Call::from_openai).collect();
-                            out.push(Piece::Calls { index, calls });
-                            finish = Finish::ToolCalls;
-                        }
-                        Err(held) if !held.is_empty() => out.push(Piece::Text {
-                            index,
-                            text: held,
-                            logprobs: Vec::new(),
-                        }),
-                        Err(_) => {}
-                    }
+                let id_prefix = format!("{}-{index}", self.call_prefix);
+                let (rest, calls) = self.replies[index].finish(&id_prefix);
+                let mut out = pieces(index, rest, Vec::new());
+                if !calls.is_empty() {
+                    let calls = calls.iter().map(Call::from_openai).collect();
+                    out.push(Piece::Calls { index, calls });
+                    finish = Finish::ToolCalls;
                 }
                 out.push(Piece::Finished {
                     index,
@@ -200,6 +209,7 @@ impl Outputs {
         let mut choices: Vec<Choice> = (0..self.n)
             .map(|_| Choice {
                 text: String::new(),
+                reasoning: String::new(),
                 logprobs: Vec::new(),
                 calls: Vec::new(),
                 finish: Finish::Length,
@@ -221,6 +231,7 @@ impl Outputs {
                         choices[index].text.push_str(&text);
                         choices[index].logprobs.extend(logprobs);
                     }
+                    Piece::Reasoning { index, text } => choices[index].reasoning.push_str(&text),
                     Piece::Calls { index, calls } => {
                         let c = &mut choices[index];
                         c.text = c.text.trim().to_string();

@@ -37,6 +37,10 @@ pub(super) struct ChatMessage {
     /// A `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// An assistant turn's reasoning, as vLLM and llama.cpp return it (`reasoning` in newer
+    /// vLLM), for templates that show it.
+    #[serde(alias = "reasoning")]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +98,8 @@ pub(super) struct WireRequest {
     /// vLLM's settings for where the prompt ends (see `PromptEnd`).
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
+    /// `low`, `medium` or `high`, for templates that take it (gpt-oss's).
+    pub reasoning_effort: Option<String>,
 
     // Text completions only.
     /// Required; `None` only when absent (a null is refused as not a string).
@@ -121,6 +127,7 @@ impl Kind {
                 "tool_choice",
                 "add_generation_prompt",
                 "continue_final_message",
+                "reasoning_effort",
             ],
             Kind::Text => &["prompt"],
         }

@@ -92,22 +92,23 @@ fn choice(meta: &Meta, index: usize, c: Choice) -> Value {
     let lp = meta.logprobs(&c.logprobs, 0);
     let reason = finish_reason(&c.finish);
     match meta.kind {
-        Kind::Chat if !c.calls.is_empty() => json!({
-            "index": index,
-            "message": {
-                "role": "assistant",
-                "content": (!c.text.is_empty()).then_some(c.text),
-                "tool_calls": c.calls.iter().map(openai_call).collect::<Vec<_>>(),
-            },
-            "finish_reason": reason,
-            "logprobs": lp,
-        }),
-        Kind::Chat => json!({
-            "index": index,
-            "message": {"role": "assistant", "content": c.text},
-            "finish_reason": reason,
-            "logprobs": lp,
-        }),
+        Kind::Chat => {
+            let mut message = json!({"role": "assistant", "content": c.text});
+            if !c.calls.is_empty() {
+                message["content"] = json!((!c.text.is_empty()).then_some(&c.text));
+                message["tool_calls"] = c.calls.iter().map(openai_call).collect();
+            }
+            if !c.reasoning.is_empty() {
+                // As vLLM and llama.cpp name the model's reasoning.
+                message["reasoning_content"] = json!(c.reasoning);
+            }
+            json!({
+                "index": index,
+                "message": message,
+                "finish_reason": reason,
+                "logprobs": lp,
+            })
+        }
         Kind::Text => json!({
             "index": index,
             "text": c.text,

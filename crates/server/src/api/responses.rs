@@ -20,7 +20,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::{Message, PromptEnd, ResponseFormat};
+use engine::{Message, PromptEnd, RenderOptions, ResponseFormat};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -63,8 +63,8 @@ fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
         }
         // Hints for OpenAI's own caches; pld's prefix cache finds shared prefixes by itself.
         "prompt_cache_key" | "safety_identifier" => v.is_null() || v.is_string(),
-        // The models pld runs do not reason: any effort is the same, and there is no reasoning
-        // to summarize or to include.
+        // `effort` is read (for templates that take it, gpt-oss's); there is no summary of the
+        // reasoning, which comes whole as a `reasoning` item when the model writes it apart.
         "reasoning" => v.is_null() || v.is_object(),
         "max_tool_calls" | "stream_options" | "prompt" => v.is_null(),
         // What a client says about itself (Codex: its thread and turn); it changes no output.
@@ -88,6 +88,8 @@ struct ResponsesRequest {
     metadata: Option<Map<String, Value>>,
     store: Option<bool>,
     previous_response_id: Option<String>,
+    /// `{"effort": ..., "summary": ...}` (checked by `responses_neutral`).
+    reasoning: Option<Value>,
     #[serde(default)]
     stream: bool,
     #[serde(flatten)]
@@ -110,6 +112,8 @@ pub(super) struct Echo {
     pub metadata: Value,
     pub store: bool,
     pub previous_response_id: Option<String>,
+    /// The reasoning effort asked for (as the template takes it).
+    pub effort: Option<String>,
     /// Every input item of the conversation (the chained ones first), for the store.
     pub input: Vec<Value>,
 }
@@ -138,9 +142,9 @@ async fn answer(
     let settings = settings(&req)?;
     let stream = settings.stream;
     let valid = validate::chat(state, conv, settings, NAMES).await?;
-    let tools = valid.tools;
+    let reply = valid.reply;
     let rx = submit(state, tenant, valid)?;
-    let outputs = Outputs::new(rx, 1, tools, format!("call_{}", &echo.id[5..]));
+    let outputs = Outputs::new(rx, 1, reply, format!("call_{}", &echo.id[5..]));
     if stream {
         return Ok(
             super::responses_stream::stream(state.clone(), tenant, echo, outputs).into_response(),
@@ -212,6 +216,17 @@ fn read(
         ));
     }
     let (specs, tools) = tools(req, state.config.lenient)?;
+    let asked = req.reasoning.as_ref().and_then(|r| r.get("effort"));
+    let effort = match asked {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) => super::chat::reasoning_effort(Some(e), "reasoning.effort")?,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "reasoning.effort must be a string",
+                Some("reasoning.effort"),
+            ))
+        }
+    };
     let echo = Echo {
         id: super::random_id("resp_"),
         created_at: unix_now(),
@@ -230,12 +245,16 @@ fn read(
         metadata: req.metadata.clone().map_or(json!({}), Value::Object),
         store: req.store.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
+        effort: effort.clone(),
         input,
     };
     let conv = Conversation {
         messages,
         tools,
         end: PromptEnd::NextTurn,
+        options: RenderOptions {
+            reasoning_effort: effort,
+        },
     };
     Ok((conv, echo))
 }
@@ -265,7 +284,23 @@ fn add_item(messages: &mut Vec<Message>, item: &Value, at: Option<usize>) -> Res
                 }
             };
             let text = item_text(item.get("content"), &param)?;
-            messages.push(Message::new(role, &text));
+            match messages.last_mut() {
+                // The answer after its reasoning item: one turn.
+                Some(m) if role == "assistant" && is_reasoning_only(m) => m.content = text,
+                _ => messages.push(Message::new(role, &text)),
+            }
+        }
+        "reasoning" => {
+            // The model's reasoning, given back: the thinking of the assistant turn it opens.
+            let text = reasoning_text(item);
+            match messages.last_mut() {
+                Some(m) if is_reasoning_only(m) => m.thinking.get_or_insert_default().push_str(&text),
+                _ => {
+                    let mut m = Message::new("assistant", "");
+                    m.thinking = Some(text);
+                    messages.push(m);
+                }
+            }
         }
         "function_call" => {
             let (Some(name), Some(call_id)) = (
@@ -312,6 +347,29 @@ fn add_item(messages: &mut Vec<Message>, item: &Value, at: Option<usize>) -> Res
         }
     }
     Ok(())
+}
+
+/// An assistant turn that so far holds only reasoning.
+fn is_reasoning_only(m: &Message) -> bool {
+    m.role == "assistant" && m.thinking.is_some() && m.content.is_empty() && m.tool_calls.is_none()
+}
+
+/// A reasoning item's text: its `reasoning_text` content, else its summary's texts.
+fn reasoning_text(item: &Value) -> String {
+    let texts = |key: &str| -> String {
+        item.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect()
+    };
+    let content = texts("content");
+    if content.is_empty() {
+        texts("summary")
+    } else {
+        content
+    }
 }
 
 /// A message's content: a string or text parts (`input_text`, `output_text`, `text`,
@@ -427,10 +485,14 @@ fn text_format(text: Option<&Value>) -> Result<ResponseFormat, ApiError> {
     }
 }
 
-/// The output items of a finished choice: a `message` with its text (when there is any, or
-/// when there are no calls), then one `function_call` per call.
+/// The output items of a finished choice: its `reasoning` (when the model wrote it apart), a
+/// `message` with its text (when there is any, or when there are no calls), then one
+/// `function_call` per call.
 pub(super) fn output_items(echo: &Echo, choice: &Choice) -> Vec<Value> {
     let mut items = Vec::new();
+    if !choice.reasoning.is_empty() {
+        items.push(reasoning_item(echo, &choice.reasoning, "completed"));
+    }
     if !choice.text.is_empty() || choice.calls.is_empty() {
         items.push(message_item(echo, &choice.text, "completed"));
     }
@@ -458,6 +520,30 @@ pub(super) fn message_item(echo: &Echo, text: &str, status: &str) -> Value {
         "role": "assistant",
         "content": content,
     })
+}
+
+/// The id of the response's reasoning item.
+pub(super) fn reasoning_id(echo: &Echo) -> String {
+    format!("rs_{}", &echo.id[5..])
+}
+
+pub(super) fn reasoning_item(echo: &Echo, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([reasoning_part(text)])
+    };
+    json!({
+        "type": "reasoning",
+        "id": reasoning_id(echo),
+        "status": status,
+        "summary": [],
+        "content": content,
+    })
+}
+
+pub(super) fn reasoning_part(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
 }
 
 pub(super) fn text_part(text: &str) -> Value {
@@ -513,7 +599,7 @@ pub(super) fn response_object(echo: &Echo, choice: Option<&Choice>, status: &str
         "output": choice.map_or_else(Vec::new, |c| output_items(echo, c)),
         "parallel_tool_calls": echo.parallel_tool_calls,
         "previous_response_id": echo.previous_response_id,
-        "reasoning": {"effort": null, "summary": null},
+        "reasoning": {"effort": echo.effort, "summary": null},
         "store": echo.store,
         "temperature": echo.temperature,
         "text": echo.text,

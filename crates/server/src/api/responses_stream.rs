@@ -1,6 +1,9 @@
 //! A streamed Responses answer: the typed Server-Sent Events OpenAI documents, each with its
-//! `sequence_number`, in order: `response.created`, `response.in_progress`; for the text, the
-//! message item (`response.output_item.added`, `response.content_part.added`,
+//! `sequence_number`, in order: `response.created`, `response.in_progress`; for the model's
+//! reasoning (when it writes it apart), the reasoning item (`response.output_item.added`,
+//! `response.content_part.added`, `response.reasoning_text.delta`...,
+//! `response.reasoning_text.done`, `response.content_part.done`, `response.output_item.done`);
+//! for the text, the message item (`response.output_item.added`, `response.content_part.added`,
 //! `response.output_text.delta`..., `response.output_text.done`, `response.content_part.done`,
 //! `response.output_item.done`); for each call, its `function_call` item
 //! (`response.output_item.added`, `response.function_call_arguments.delta` and `.done`,
@@ -10,7 +13,8 @@
 
 use super::output::{Call, Choice, Finish, Outputs, Piece};
 use super::responses::{
-    call_item, call_item_id, keep, message_id, message_item, response_object, text_part, Echo,
+    call_item, call_item_id, keep, message_id, message_item, reasoning_id, reasoning_item,
+    reasoning_part, response_object, text_part, Echo,
 };
 use super::stream::Chunk;
 use crate::tenant::Tenant;
@@ -29,6 +33,8 @@ struct Said {
     sequence: u64,
     started: bool,
     done: bool,
+    /// The reasoning item is open (its text so far).
+    reasoning: Option<String>,
     /// The message item is open (its text so far).
     text: Option<String>,
     /// Output items sent so far.
@@ -45,10 +51,60 @@ impl Said {
         Ok(SseEvent::default().event(kind).data(body.to_string()))
     }
 
+    fn reasoning(&mut self, delta: String, out: &mut Vec<Chunk>) {
+        if delta.is_empty() {
+            return;
+        }
+        self.close_text(out);
+        let (id, index) = (reasoning_id(&self.echo), self.items);
+        if self.reasoning.is_none() {
+            self.reasoning = Some(String::new());
+            let item = reasoning_item(&self.echo, "", "in_progress");
+            out.push(self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ));
+            out.push(self.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": reasoning_part("")}),
+            ));
+        }
+        self.choice.reasoning.push_str(&delta);
+        if let Some(r) = &mut self.reasoning {
+            r.push_str(&delta);
+        }
+        out.push(self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
+        ));
+    }
+
+    fn close_reasoning(&mut self, out: &mut Vec<Chunk>) {
+        let Some(text) = self.reasoning.take() else {
+            return;
+        };
+        let (id, index) = (reasoning_id(&self.echo), self.items);
+        out.push(self.event(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+        ));
+        out.push(self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": reasoning_part(&text)}),
+        ));
+        let item = reasoning_item(&self.echo, &text, "completed");
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.items += 1;
+    }
+
     fn open_text(&mut self, out: &mut Vec<Chunk>) {
         if self.text.is_some() {
             return;
         }
+        self.close_reasoning(out);
         self.text = Some(String::new());
         let item = message_item(&self.echo, "", "in_progress");
         let index = self.items;
@@ -101,6 +157,7 @@ impl Said {
     }
 
     fn calls(&mut self, calls: Vec<Call>, out: &mut Vec<Chunk>) {
+        self.close_reasoning(out);
         self.close_text(out);
         for call in &calls {
             let (id, index) = (call_item_id(call), self.items);
@@ -130,6 +187,7 @@ impl Said {
             // A message item even when the text is empty, as the whole answer has.
             self.open_text(out);
         }
+        self.close_reasoning(out);
         self.close_text(out);
         (self.choice.finish, self.choice.usage) = choice_end;
         let response = response_object(&self.echo, Some(&self.choice), "completed");
@@ -166,10 +224,12 @@ pub(super) fn stream(
         sequence: 0,
         started: false,
         done: false,
+        reasoning: None,
         text: None,
         items: 0,
         choice: Choice {
             text: String::new(),
+            reasoning: String::new(),
             logprobs: Vec::new(),
             calls: Vec::new(),
             finish: Finish::Length,
@@ -191,6 +251,7 @@ pub(super) fn stream(
         for piece in st.outputs.next().await? {
             match piece {
                 Piece::Text { text, .. } => st.text(text, &mut out),
+                Piece::Reasoning { text, .. } => st.reasoning(text, &mut out),
                 Piece::Calls { calls, .. } => st.calls(calls, &mut out),
                 Piece::Finished { finish, usage, .. } => st.finished((finish, usage), &mut out),
                 Piece::Failed(m) => st.failed(m, &mut out),

@@ -1,5 +1,6 @@
 //! The streamed answer: Server-Sent Events in OpenAI's chunk shapes. Chat opens with a role
-//! chunk per choice; text goes out as it comes; with tools offered, text from the first call on
+//! chunk per choice; text goes out as it comes (the model's reasoning, when it writes it apart,
+//! as `delta.reasoning_content`, as vLLM and llama.cpp stream it); with tools offered, text from the first call on
 //! is held back and sent as one `tool_calls` delta once the choice finishes; `[DONE]` ends it
 //! (after a usage chunk when asked for).
 
@@ -83,6 +84,12 @@ struct Said {
 }
 
 impl Said {
+    /// Reasoning of chat choice `index`.
+    fn reasoning(&self, index: usize, text: String) -> Vec<Chunk> {
+        let choice = json!([{"index": index, "delta": {"reasoning_content": text}, "finish_reason": null, "logprobs": null}]);
+        vec![data(self.meta.chunk_of(choice, None))]
+    }
+
     fn text(&mut self, index: usize, text: String, lps: Vec<engine::TokenLogprob>) -> Vec<Chunk> {
         let lp = self.meta.logprobs(&lps, self.sent[index]);
         let c = self.meta.chunk(index, Some(&text), None, false, lp);
@@ -131,6 +138,7 @@ impl Said {
                 text,
                 logprobs,
             } => self.text(index, text, logprobs),
+            Piece::Reasoning { index, text } => self.reasoning(index, text),
             Piece::Calls { index, calls } => self.calls(index, &calls),
             Piece::Finished {
                 index,

@@ -7,10 +7,10 @@
 //! (`Names`).
 
 use super::error::ApiError;
-use crate::tools::Tools;
+use crate::tools::{ReplyFormat, Tools};
 use crate::AppState;
 use drafting::SpecOverrides;
-use engine::{GenerationConfig, Message, PromptEnd, ResponseFormat, SamplingParams};
+use engine::{GenerationConfig, Message, PromptEnd, RenderOptions, ResponseFormat, SamplingParams};
 use std::sync::Arc;
 
 use engine::sampling::MAX_CHOICES;
@@ -25,8 +25,9 @@ pub(super) struct ValidRequest {
     pub stream: bool,
     /// Streamed chat or text completion: end with a chunk of token counts.
     pub include_usage: bool,
-    /// Tools were offered: the output's calls are parsed out of its text.
-    pub tools: bool,
+    /// How the output is read: as it is (text completions), for `<tool_call>` blocks (tools
+    /// offered), or as harmony (a gpt-oss chat).
+    pub reply: ReplyFormat,
 }
 
 /// What an API calls the fields that errors name.
@@ -45,6 +46,8 @@ pub(super) struct Conversation {
     pub messages: Vec<Message>,
     pub tools: Option<Tools>,
     pub end: PromptEnd,
+    /// What else the template reads (the reasoning effort).
+    pub options: RenderOptions,
 }
 
 /// The generation settings of a request, under the names every API shares (each reader maps its
@@ -129,7 +132,7 @@ pub(super) fn render(
     let offered = conv.tools.as_ref().map_or(&[][..], |t| t.offered());
     state
         .lm
-        .render_chat_ending(&conv.messages, offered, conv.end)
+        .render_chat_ending(&conv.messages, offered, conv.end, &conv.options)
         .map_err(|e| {
             let param = if offered.is_empty() {
                 names.prompt
@@ -152,7 +155,9 @@ pub(super) async fn chat(
     let ids = tokenize(state, prompt, names.prompt).await?;
     let mut config = config(&settings, state, ids.len(), names)?;
     let tools = conv.tools.as_ref();
-    if let Some(grammar) = tools.and_then(|t| t.forced_grammar()) {
+    let offered = tools.is_some_and(|t| !t.offered().is_empty());
+    let reply = ReplyFormat::of_chat(state.lm.chat_template.as_ref(), offered);
+    if let Some(grammar) = tools.and_then(|t| t.forced_grammar(reply)) {
         if !config.response_format.is_text() {
             return Err(ApiError::bad_request(
                 format!(
@@ -166,8 +171,7 @@ pub(super) async fn chat(
         check_grammar(state, &format, names.tools)?;
         config.response_format = format;
     }
-    let offered = tools.is_some_and(|t| !t.offered().is_empty());
-    Ok(valid(&settings, ids, config, offered))
+    Ok(valid(&settings, ids, config, reply))
 }
 
 /// Checks a text completion: one prompt string, tokenized, then its settings.
@@ -185,14 +189,14 @@ pub(super) async fn text(
         ));
     }
     let config = config(&settings, state, ids.len(), names)?;
-    Ok(valid(&settings, ids, config, false))
+    Ok(valid(&settings, ids, config, ReplyFormat::Text))
 }
 
 fn valid(
     settings: &Settings,
     prompt: Vec<u32>,
     config: GenerationConfig,
-    tools: bool,
+    reply: ReplyFormat,
 ) -> ValidRequest {
     ValidRequest {
         prompt,
@@ -200,7 +204,7 @@ fn valid(
         n: settings.n.unwrap_or(1),
         stream: settings.stream,
         include_usage: settings.include_usage,
-        tools,
+        reply,
     }
 }
 
