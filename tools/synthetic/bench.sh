@@ -12,7 +12,7 @@ PLD=${PLD:-/work/main/target/release/pld}
 OUT=${OUT:-$(dirname "$0")/../../docs/bench/moe}
 CTX=${CTX:-512}
 snap() { echo "== $1 $(date -u +%FT%TZ) loadavg: $(cut -d' ' -f1-3 /proc/loadavg)"; top -bn1 | sed -n '7,12p'; free -m | head -2; }
-while [ -e /tmp/pld-quiet ]; do sleep 20; done
+while [ -e /tmp/pld-quiet ] && [ -z "${QUIET_OK:-}" ]; do sleep 20; done
 case "${1:?step: llama-pp, llama-tg or pld}" in
  llama-pp) snap before > "$OUT/llama-bench-pp.load"
    "$L/llama-bench" -m "$F" -t 2 -p 1,2,4,8,16,32,64 -n 0 -r 3 -o json -oe md > "$OUT/llama-bench-pp.json" 2> "$OUT/llama-bench-pp.md"
