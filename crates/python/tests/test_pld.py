@@ -8,6 +8,7 @@ import _thread
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import threading
 import time
@@ -203,6 +204,9 @@ def test_model_errors_are_exceptions_with_pld_messages(tmp_path, llm):
 
 
 def test_ctrl_c_interrupts_a_generation(plain):
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # then interrupt_main does nothing: give the test Python's own handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, _thread.interrupt_main)
     timer.start()
     started = time.perf_counter()
