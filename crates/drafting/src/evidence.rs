@@ -53,56 +53,21 @@ fn walk(
             alive_len += 1;
         }
     }
-    let mut child_token = [0u32; MAX_SCORED_OCCURRENCES];
-    let mut child_weight = [0u64; MAX_SCORED_OCCURRENCES];
+    let weights = params.weights();
     let (mut p, mut score) = (1.0f64, 0.0f64);
     let first = alive[0] as usize;
     for depth in 0..cap {
-        let mut children = 0;
-        let mut total = 0u64;
-        for &rank in &alive[..alive_len] {
-            let Some(&token) = c.run(rank as usize).get(depth) else {
-                continue;
-            };
-            let w = params.weight(rank as usize);
-            total += w;
-            match child_token[..children].iter().position(|&t| t == token) {
-                Some(i) => child_weight[i] += w,
-                None => {
-                    child_token[children] = token;
-                    child_weight[children] = w;
-                    children += 1;
-                }
-            }
-        }
-        if children == 0 {
+        let Some((token, share)) = c.heaviest_child(&alive[..alive_len], depth, &weights) else {
             break; // every candidate on the path ends here
-        }
-        // The heaviest child; the first (most recent) on a tie.
-        let mut best = 0;
-        for i in 1..children {
-            if child_weight[i] > child_weight[best] {
-                best = i;
-            }
-        }
-        let share = child_weight[best] as f64 / total as f64;
+        };
         let q = p * share * reliability(m as f64 + DEPTH_GAIN * depth as f64);
         if q < params.min_token_probability {
             break;
         }
         p = q;
         score += p;
-        let token = child_token[best];
         out.push(token);
-        let mut kept = 0;
-        for i in 0..alive_len {
-            let rank = alive[i];
-            if c.run(rank as usize).get(depth) == Some(&token) {
-                alive[kept] = rank;
-                kept += 1;
-            }
-        }
-        alive_len = kept;
+        alive_len = c.keep_following(&mut alive[..alive_len], depth, token);
     }
     (
         score,

@@ -135,6 +135,11 @@ impl ScoreParams {
         let w = self.decay.powi(rank.min(i32::MAX as usize) as i32) * UNIT;
         (w as u64).max(1)
     }
+
+    /// `weight` of every rank a candidate can have.
+    pub(crate) fn weights(&self) -> [u64; MAX_SCORED_OCCURRENCES] {
+        std::array::from_fn(|rank| self.weight(rank))
+    }
 }
 
 /// The continuations of the examined occurrences, most recent first: at most
@@ -203,11 +208,6 @@ impl<'a> Candidates<'a> {
         self.matched[at..=i].rotate_right(1);
     }
 
-    /// The continuation of candidate `i`.
-    pub(crate) fn run(&self, i: usize) -> &'a [u32] {
-        self.runs[i]
-    }
-
     /// The match length of candidate `i`.
     pub(crate) fn matched(&self, i: usize) -> usize {
         usize::from(self.matched[i])
@@ -229,6 +229,57 @@ impl<'a> Candidates<'a> {
         self.starts[i] as usize
     }
 
+    /// Of the candidates `alive` (ranks, most recent first), the next token at `depth` with the
+    /// most weight and its share of the weight of those that go on (the first, most recent, on a
+    /// tie); `None` where every one ends.
+    pub(crate) fn heaviest_child(
+        &self,
+        alive: &[u8],
+        depth: usize,
+        weights: &[u64; MAX_SCORED_OCCURRENCES],
+    ) -> Option<(u32, f64)> {
+        // The distinct next tokens in order of their most recent candidate, with summed weights.
+        let mut child_token = [0u32; MAX_SCORED_OCCURRENCES];
+        let mut child_weight = [0u64; MAX_SCORED_OCCURRENCES];
+        let (mut children, mut total) = (0, 0u64);
+        for &rank in alive {
+            let Some(&token) = self.runs[rank as usize].get(depth) else {
+                continue;
+            };
+            let w = weights[rank as usize];
+            total += w;
+            match child_token[..children].iter().position(|&t| t == token) {
+                Some(c) => child_weight[c] += w,
+                None => {
+                    child_token[children] = token;
+                    child_weight[children] = w;
+                    children += 1;
+                }
+            }
+        }
+        let mut best = 0;
+        for c in 1..children {
+            if child_weight[c] > child_weight[best] {
+                best = c;
+            }
+        }
+        (children > 0).then(|| (child_token[best], child_weight[best] as f64 / total as f64))
+    }
+
+    /// Keeps, in order, the candidates of `alive` whose run has `token` at `depth`; returns how
+    /// many.
+    pub(crate) fn keep_following(&self, alive: &mut [u8], depth: usize, token: u32) -> usize {
+        let mut kept = 0;
+        for i in 0..alive.len() {
+            let rank = alive[i];
+            if self.runs[rank as usize].get(depth) == Some(&token) {
+                alive[kept] = rank;
+                kept += 1;
+            }
+        }
+        kept
+    }
+
     /// Appends to `out` the draft along the heaviest path (at most `k` tokens, cut where the
     /// path's estimated probability would fall below `params.min_path_probability`) and returns
     /// the rank of the most recent candidate that follows the whole draft. There must be at
@@ -242,66 +293,26 @@ impl<'a> Candidates<'a> {
             out.extend_from_slice(&run[..k.min(run.len())]);
             return 0;
         }
-        let mut weights = [0u64; MAX_SCORED_OCCURRENCES];
-        for (rank, w) in weights[..self.len].iter_mut().enumerate() {
-            *w = params.weight(rank);
-        }
+        let weights = params.weights();
         // The candidates that follow the path so far, most recent first.
         let mut alive = [0u8; MAX_SCORED_OCCURRENCES];
         for (rank, a) in alive[..self.len].iter_mut().enumerate() {
             *a = rank as u8;
         }
         let mut alive_len = self.len;
-        // The children of the current node: distinct next tokens in order of their most recent
-        // candidate, with their summed weights.
-        let mut child_token = [0u32; MAX_SCORED_OCCURRENCES];
-        let mut child_weight = [0u64; MAX_SCORED_OCCURRENCES];
         let mut path_p = 1.0f64;
         for depth in 0..k {
-            let mut children = 0;
-            let mut total = 0u64;
-            for &rank in &alive[..alive_len] {
-                let run = self.runs[rank as usize];
-                let Some(&token) = run.get(depth) else {
-                    continue;
-                };
-                let w = weights[rank as usize];
-                total += w;
-                match child_token[..children].iter().position(|&t| t == token) {
-                    Some(c) => child_weight[c] += w,
-                    None => {
-                        child_token[children] = token;
-                        child_weight[children] = w;
-                        children += 1;
-                    }
-                }
-            }
-            if children == 0 {
+            let Some((token, share)) = self.heaviest_child(&alive[..alive_len], depth, &weights)
+            else {
                 break; // every candidate on the path ends here
-            }
-            // The heaviest child; the first (most recent) on a tie.
-            let mut best = 0;
-            for c in 1..children {
-                if child_weight[c] > child_weight[best] {
-                    best = c;
-                }
-            }
-            let p = path_p * (child_weight[best] as f64 / total as f64);
+            };
+            let p = path_p * share;
             if p < params.min_path_probability {
                 break;
             }
             path_p = p;
-            let token = child_token[best];
             out.push(token);
-            let mut kept = 0;
-            for i in 0..alive_len {
-                let rank = alive[i];
-                if self.runs[rank as usize].get(depth) == Some(&token) {
-                    alive[kept] = rank;
-                    kept += 1;
-                }
-            }
-            alive_len = kept;
+            alive_len = self.keep_following(&mut alive[..alive_len], depth, token);
         }
         alive[0] as usize
     }
