@@ -25,6 +25,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as QT
 
+import moe
+
 EXPERTS = 8
 USED = 4
 EXPERT_FF = 64
@@ -124,13 +126,7 @@ def checks(model):
 
     handles = [l.mlp.router.register_forward_hook(router_hook) for l in model.model.layers]
     handles += [l.mlp.experts.register_forward_hook(experts_hook) for l in model.model.layers]
-    try:
-        for ids in model._tiny_prompts:
-            with torch.no_grad():
-                model(torch.tensor([ids]))
-    finally:
-        for h in handles:
-            h.remove()
+    moe.run_prompts_with_hooks(model, handles)
     assert clamped > 0, "the clamps are never reached"
     return [f"routing: top {USED} of {EXPERTS} experts, softmax over the chosen logits; smallest gap between the "
             f"last chosen and the first unchosen logit over the prompts {min(gaps):.2e}",

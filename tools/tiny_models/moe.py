@@ -63,6 +63,17 @@ def mixtral_metadata(model):
     return {"expert_count": EXPERTS, "expert_used_count": USED}
 
 
+def run_prompts_with_hooks(model, handles) -> None:
+    """Runs the reference prompts through `model`, then removes the forward hooks `handles`."""
+    try:
+        for ids in model._tiny_prompts:
+            with torch.no_grad():
+                model(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def routing_checks(model) -> list[str]:
     """Routing facts of the reference: every router output's gap between the last chosen and the
     first unchosen expert's score over the three prompts (a near tie there is where two float
@@ -75,14 +86,7 @@ def routing_checks(model) -> list[str]:
         gaps.append(float((top.values[:, USED - 1] - top.values[:, USED]).min()))
         counts.add_(torch.bincount(top.indices[:, :USED].reshape(-1), minlength=EXPERTS))
 
-    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
-    try:
-        for ids in model._tiny_prompts:
-            with torch.no_grad():
-                model(torch.tensor([ids]))
-    finally:
-        for h in handles:
-            h.remove()
+    run_prompts_with_hooks(model, [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers])
     assert (counts > 0).all(), counts
     return [f"routing: {USED} of {EXPERTS} experts per token; smallest router-score gap between the last chosen and "
             f"the first unchosen expert over the prompts {min(gaps):.2e}; choices per expert {counts.tolist()}"]
