@@ -8,6 +8,7 @@
 //! row's result is the same bits whatever else is in the pass: speculative decoding stays
 //! bit-identical to plain decoding.
 
+use super::forward::add_bias;
 use crate::config::MoeConfig;
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -140,11 +141,7 @@ impl Mixture {
         let (d, ff, k) = (self.router.cols, self.moe.d_ff, self.moe.used);
         let mut scores = vec![0f32; n * self.moe.count];
         kernels::matmul(h, n, &self.router, &mut scores);
-        if let Some(b) = &self.router_bias {
-            for row in scores.chunks_mut(b.len()) {
-                row.iter_mut().zip(b).for_each(|(s, b)| *s += b);
-            }
-        }
+        add_bias(&mut scores, self.router_bias.as_deref());
         let mut routes = Vec::with_capacity(n * k);
         let mut order = Vec::new();
         for s in scores.chunks(self.moe.count) {
@@ -184,17 +181,13 @@ impl Mixture {
                 &mut [(&expert.gate, &mut gate), (&expert.up, &mut up)],
             );
             let biases = expert.biases.as_ref();
-            for (g, u) in gate.chunks_mut(ff).zip(up.chunks_mut(ff)) {
-                if let Some(b) = biases {
-                    add(g, &b.gate);
-                    add(u, &b.up);
-                }
+            add_bias(&mut gate, biases.map(|b| &b.gate[..]));
+            add_bias(&mut up, biases.map(|b| &b.up[..]));
+            for (g, u) in gate.chunks_mut(ff).zip(up.chunks(ff)) {
                 activation(g, u);
             }
             kernels::matmul(&gate, m, &expert.down, &mut y);
-            if let Some(b) = biases {
-                y.chunks_mut(d).for_each(|row| add(row, &b.down));
-            }
+            add_bias(&mut y, biases.map(|b| &b.down[..]));
             for (&(r, slot), yr) in rows.iter().zip(y.chunks(d)) {
                 outputs[(r * k + slot) * d..][..d].copy_from_slice(yr);
             }
@@ -242,10 +235,6 @@ impl Mixture {
             .sum();
         size(&self.router) + all * self.moe.used / self.moe.count.max(1)
     }
-}
-
-fn add(x: &mut [f32], b: &[f32]) {
-    x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
 }
 
 /// One row's choice: the `k` best-scored experts, best first (equal scores: the lower index

@@ -468,7 +468,8 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
     }
 }
 
-fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+/// Adds `bias` to every row of `x` (rows of its length).
+pub(super) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         for row in x.chunks_mut(b.len()) {
             for (v, bi) in row.iter_mut().zip(b) {
