@@ -386,16 +386,17 @@ def add_kv(w: gguf.GGUFWriter, key: str, kind: str, value) -> None:
     w.add_key_value(key, value, vt)
 
 
-def write_streamed(w: gguf.GGUFWriter, t: Tensor, seed: int) -> None:
+def write_streamed(w: gguf.GGUFWriter, t: Tensor, seed: int, chunks=None) -> None:
     """GGUFWriter.write_tensor_data for one tensor, its bytes written chunk by chunk (gguf-py
-    0.19's writer state: the next tensor info is popped, the data padded to the alignment)."""
+    0.19's writer state: the next tensor info is popped, the data padded to the alignment);
+    `chunks` replaces the tensor's own random bytes."""
     fout = w.fout[0]
     name = next(iter(w.tensors[0]))
     assert name == t.name, (name, t.name)
     ti = w.tensors[0].pop(name)
     w.write_padding(fout, fout.tell())
     written = 0
-    for c in t.chunks(seed):
+    for c in chunks if chunks is not None else t.chunks(seed):
         c.tofile(fout)
         written += c.nbytes
     assert written == ti.nbytes == (t.nbytes if t.qtype != QT.F32 else 4 * int(np.prod(t.ne))), (t.name, written, ti.nbytes)
@@ -403,8 +404,26 @@ def write_streamed(w: gguf.GGUFWriter, t: Tensor, seed: int) -> None:
     w.state = gguf.gguf_writer.WriterState.WEIGHTS
 
 
-def make(preset: Preset, layers: int, out: Path, tokenizer_src: Path, seed: int) -> None:
+def successor_head(tensors: list[Tensor], tokenizer_src: Path, seed: int, out: Path):
+    """Replaces the output head by successor.py's (Q8_0), writes the cycle beside `out` and
+    returns the head's chunks."""
+    import json
+    import successor
+    embd = next(t for t in tensors if t.name == "token_embd.weight")
+    i = next(i for i, t in enumerate(tensors) if t.name == "output.weight")
+    tensors[i] = Tensor("output.weight", tensors[i].ne, QT.Q8_0, init="successor")
+    pieces = list(read_tokenizer(tokenizer_src)["tokenizer.ggml.tokens"][1])
+    cycle = successor.word_cycle(pieces, seed)
+    successor.cycle_path(out).write_text(json.dumps({"seed": seed, "cycle": cycle}))
+    rows = max(1, CHUNK_BYTES // tensors[i].row_bytes)
+    return successor.head_chunks(embd.chunks(seed), embd.row_bytes, embd.qtype, embd.ne[1], pieces,
+                                 cycle, seed, rows)
+
+
+def make(preset: Preset, layers: int, out: Path, tokenizer_src: Path, seed: int,
+         succ: bool = False) -> None:
     tensors = preset.tensors(layers)
+    head = successor_head(tensors, tokenizer_src, seed, out) if succ else None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".part")
     w = gguf.GGUFWriter(tmp, preset.arch)
@@ -423,7 +442,7 @@ def make(preset: Preset, layers: int, out: Path, tokenizer_src: Path, seed: int)
     total = sum(t.nbytes if t.qtype != QT.F32 else 4 * int(np.prod(t.ne)) for t in tensors)
     t0, done = time.time(), 0
     for i, t in enumerate(tensors):
-        write_streamed(w, t, seed)
+        write_streamed(w, t, seed, head if t.init == "successor" else None)
         done += t.nbytes if t.qtype != QT.F32 else 0
         if t.nbytes > 50e6 or i == len(tensors) - 1:
             print(f"\r{done / 1e9:6.2f} / {total / 1e9:.2f} GB  {t.name:32s} {time.time() - t0:5.0f} s", end="", file=sys.stderr)
@@ -465,6 +484,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer-gguf", type=Path,
                     default=Path(os.environ.get("PLD_TOKENIZER_GGUF", "/root/.cache/pld/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")))
+    ap.add_argument("--successor-head", action="store_true",
+                    help="an output head that makes the next token known (successor.py; qwen tokenizer only)")
     ap.add_argument("--check", action="store_true", help="reread the written file and dequantize a sample of every tensor")
     ap.add_argument("--check-only", action="store_true", help="only check an existing --out file")
     a = ap.parse_args()
@@ -472,7 +493,7 @@ def main() -> None:
     if not a.check_only:
         layers = a.layers or p.default_layers
         assert 1 <= layers <= p.full_layers, layers
-        make(p, layers, a.out, a.tokenizer_gguf, a.seed)
+        make(p, layers, a.out, a.tokenizer_gguf, a.seed, a.successor_head)
     if a.check or a.check_only:
         check(a.out)
 
