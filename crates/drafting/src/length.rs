@@ -10,7 +10,7 @@
 //! better than a single repeated token) from decayed counts of accepted and rejected tokens, and
 //! `price` from the measured cost of passes. A sequence that does not draft (no draft pays at the
 //! current estimates and cost) still sends a one-token probe now and then, with the gap between
-//! probes doubling after each rejected one: a wrong guess about acceptance or cost can then never
+//! probes doubling after each rejected one and a probe at every step while they land: a wrong guess about acceptance or cost can then never
 //! switch drafting off for good, accepted probes build the evidence that turns longer drafts back
 //! on, and free-form text pays almost nothing for the probes.
 
@@ -36,8 +36,8 @@ const FIRST_PROBE_GAP: u32 = 8;
 const MAX_PROBE_GAP: u32 = 512;
 
 /// When a drafter that has been sending nothing sends a one-token probe: after `gap` steps without
-/// a draft; the gap doubles after every rejected probe (up to `MAX_PROBE_GAP`) and starts over
-/// after an accepted one. Used by the chain's [`DraftLength`] and by the tree drafter.
+/// a draft; the gap doubles after every rejected probe (from `FIRST_PROBE_GAP` up to
+/// `MAX_PROBE_GAP`) and is 0 after an accepted one (the next step probes again). Used by the chain's [`DraftLength`] and by the tree drafter.
 #[derive(Clone, Debug)]
 pub(crate) struct Probes {
     /// Steps since the last draft was sent.
@@ -68,11 +68,15 @@ impl Probes {
     /// Counts a verified draft; `accepted` is whether any of it was kept.
     pub(crate) fn sent(&mut self, accepted: bool) {
         if self.due() {
-            // This was a probe: back off after a rejection, start over after a success.
+            // This was a probe. After a success probe again at the next step: text that has just
+            // been copied right tends to go on being copyable, and each landed probe is the
+            // evidence that turns real drafts on (on a mixture of experts, where a drafted row
+            // costs over half a token, a handful of probes a few steps apart would leave most of
+            // a copied passage undrafted). After a rejection back off, doubling the gap.
             self.gap = if accepted {
-                FIRST_PROBE_GAP
+                0
             } else {
-                (self.gap * 2).min(MAX_PROBE_GAP)
+                (self.gap * 2).clamp(FIRST_PROBE_GAP, MAX_PROBE_GAP)
             };
         }
         self.since_draft = 0;
@@ -116,7 +120,9 @@ impl DraftLength {
 
     /// The number of drafted tokens (at most `available`) to send for a match of size `n`: the one
     /// that maximizes expected tokens per unit of pass cost, or a one-token probe when no draft has
-    /// been sent for a while.
+    /// been sent for a while and the match is at least two tokens long (a single repeated token
+    /// is the weakest evidence: its continuation lands about one time in five, which does not
+    /// pay for the probe's row where a row costs over half a token, as on a mixture of experts).
     pub fn choose(&self, n: usize, available: usize) -> usize {
         self.choose_at_price(self.price, n, available)
     }
@@ -125,7 +131,7 @@ impl DraftLength {
     /// costs in the current batch).
     pub fn choose_at_price(&self, price: f64, n: usize, available: usize) -> usize {
         match self.best_length_at_price(price, n, available) {
-            0 if self.probes.due() => available.min(1),
+            0 if self.probes.due() && n >= 2 => available.min(1),
             k => k,
         }
     }
@@ -283,14 +289,30 @@ mod tests {
         let idle: Vec<u32> = probes.windows(2).map(|w| w[1] - w[0] - 1).collect();
         assert_eq!(probes[0], FIRST_PROBE_GAP);
         assert_eq!(idle, [16, 32, 64, 128], "probes at {probes:?}");
-        // An accepted probe brings the short gap back.
+        // An accepted probe is followed by another at the very next step, while they land.
         for _ in 0..c.probes.gap {
             c.idle();
         }
         assert_eq!(c.choose(3, 8), 1);
         c.observe(3, 1, 1);
-        assert_eq!(c.probes.gap, FIRST_PROBE_GAP);
+        assert_eq!(c.choose(3, 8), 1, "a landed probe is followed at once");
+        c.observe(3, 1, 1);
         assert_eq!(c.choose(3, 0), 0, "nothing to send, no probe");
+        // The first rejection after that goes back to the first gap, not to no gap at all.
+        assert_eq!(c.choose(3, 8), 1);
+        c.observe(3, 1, 0);
+        assert_eq!(c.probes.gap, FIRST_PROBE_GAP);
+        assert_eq!(c.choose(3, 8), 0);
+    }
+
+    #[test]
+    fn a_single_token_match_is_never_probed() {
+        let mut c = DraftLength::new(2.0);
+        for _ in 0..1000 {
+            assert_eq!(c.choose(1, 8), 0);
+            c.idle();
+        }
+        assert_eq!(c.choose(2, 8), 1, "a longer match is");
     }
 
     #[test]

@@ -1,0 +1,183 @@
+//! What adaptive drafting gains at a given cost of a pass, replayed on recorded greedy outputs.
+//!
+//! ```text
+//! cargo run --release -p pld-drafting --example priced_replay -- [--costs C1,C2,...] [--prior-price P] [--fixed] RESULTS.json
+//! ```
+//!
+//! `RESULTS.json` is what `pld bench run --out` writes (`rows[].turns[]` with `prompt_ids` and
+//! `output_ids`). Each turn goes through the engine's drafter as `pld`'s own decoder drives it
+//! (the default `SpecConfig`: adaptive chains, K = 8): each step it proposes, the longest prefix
+//! equal to the recorded output is accepted, plus the model's own token, and the drafter is told
+//! what the pass cost. A pass over r rows costs `C_r` times a one-row pass (`--costs`, rows 1, 2,
+//! ...; past the list the last step is extended linearly; default `1,1.1`: a dense model's price
+//! of 0.1 a row). `--prior-price` is the drafter's starting price (`Model::draft_price_prior`;
+//! default 0.1). `--fixed` sends every proposed token (`--fixed-draft`).
+//!
+//! Per category: steps, drafted and accepted tokens, and the speedup: output tokens over the
+//! summed cost of the passes, against plain decoding's one token per one-row pass. Under greedy
+//! decoding with these costs the replay is deterministic, so it compares policies and prices
+//! exactly where the machine's timings cannot (they vary by several percent between runs).
+
+use std::collections::BTreeMap;
+
+use drafting::{Drafter, SpecConfig};
+use serde_json::Value;
+
+struct Turn {
+    category: String,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Sums {
+    turns: usize,
+    steps: usize,
+    drafted: usize,
+    accepted: usize,
+    produced: usize,
+    cost: f64,
+}
+
+impl Sums {
+    fn add(&mut self, o: &Sums) {
+        self.turns += o.turns;
+        self.steps += o.steps;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.produced += o.produced;
+        self.cost += o.cost;
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    let list = v.as_array().expect("a list of token ids");
+    list.iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
+fn load(path: &str) -> Vec<Turn> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let rows = v["rows"].as_array().expect("bench run's rows[]");
+    let mut turns = Vec::new();
+    for r in rows {
+        let category = r["category"].as_str().unwrap_or("all").to_owned();
+        for t in r["turns"].as_array().expect("turns") {
+            turns.push(Turn {
+                category: category.clone(),
+                prompt: ids(&t["prompt_ids"]),
+                output: ids(&t["output_ids"]),
+            });
+        }
+    }
+    turns
+}
+
+/// The cost of a pass over `rows` rows, in one-row passes.
+fn pass_cost(costs: &[f64], rows: usize) -> f64 {
+    match costs.get(rows - 1) {
+        Some(&c) => c,
+        None => {
+            let n = costs.len();
+            let step = if n >= 2 {
+                costs[n - 1] - costs[n - 2]
+            } else {
+                0.0
+            };
+            costs[n - 1] + step * (rows - n) as f64
+        }
+    }
+}
+
+fn replay(turn: &Turn, config: &SpecConfig, costs: &[f64], prior: f64) -> Sums {
+    let mut drafter = Drafter::new(config, &turn.prompt).with_prior_price(prior);
+    let k = config.num_speculative_tokens;
+    let mut s = Sums {
+        turns: 1,
+        ..Sums::default()
+    };
+    let out = &turn.output;
+    let mut n = 0;
+    let mut path = Vec::with_capacity(k);
+    while n < out.len() {
+        let draft = drafter.propose(k, None).tokens().to_vec();
+        let accepted = draft
+            .iter()
+            .zip(&out[n..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        let new = (accepted + 1).min(out.len() - n);
+        path.clear();
+        path.extend(0..accepted.min(new - 1));
+        drafter.observe(&path);
+        let cost = pass_cost(costs, 1 + draft.len());
+        drafter.observe_cost(1 + draft.len(), cost);
+        for &t in &out[n..n + new] {
+            drafter.push(t);
+        }
+        n += new;
+        s.steps += 1;
+        s.drafted += draft.len();
+        s.accepted += accepted.min(new - 1);
+        s.produced += new;
+        s.cost += cost;
+    }
+    s
+}
+
+fn main() {
+    let mut costs = vec![1.0, 1.1];
+    let mut prior = 0.1;
+    let mut fixed = false;
+    let mut files = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--costs" => {
+                let list = args.next().expect("--costs C1,C2,...");
+                costs = list
+                    .split(',')
+                    .map(|c| c.parse().expect("a number"))
+                    .collect();
+                assert!(
+                    costs.first() == Some(&1.0),
+                    "--costs starts with 1 (one row)"
+                );
+            }
+            "--prior-price" => prior = args.next().expect("a price").parse().expect("a number"),
+            "--fixed" => fixed = true,
+            f => files.push(f.to_owned()),
+        }
+    }
+    assert!(!files.is_empty(), "give a results.json");
+    let mut config = SpecConfig::default();
+    config.adaptive = !fixed;
+    let mut by_category: BTreeMap<String, Sums> = BTreeMap::new();
+    let mut all = Sums::default();
+    for f in &files {
+        for t in load(f) {
+            let s = replay(&t, &config, &costs, prior);
+            by_category.entry(t.category.clone()).or_default().add(&s);
+            all.add(&s);
+        }
+    }
+    println!(
+        "costs {costs:?}, prior price {prior}, {}",
+        if fixed { "fixed drafts" } else { "adaptive" }
+    );
+    println!("| category | turns | steps | drafted | accepted | tokens per step | speedup |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, s) in by_category.iter().chain([(&"**all**".to_owned(), &all)]) {
+        println!(
+            "| {name} | {} | {} | {} | {} | {:.3} | {:.3}x |",
+            s.turns,
+            s.steps,
+            s.drafted,
+            s.accepted,
+            s.produced as f64 / s.steps as f64,
+            s.produced as f64 / s.cost
+        );
+    }
+}
