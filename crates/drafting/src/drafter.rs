@@ -21,6 +21,7 @@
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
+use crate::calibration::{Calibration, Estimate};
 use crate::config::MatchPolicy;
 use crate::corpus::Corpus;
 use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
@@ -51,25 +52,30 @@ const RATE_DECAY: f64 = 0.98;
 /// Weight of a rate's prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
 
-/// The scored chain over the sequence and a corpus together: the continuations of the longest
-/// suffix n-gram found in either (the sequence's occurrences rank as more recent than the
-/// corpus's when both have it at the same size), drafted into `out`. Returns the n-gram's size
-/// and, when the draft copies an occurrence in the sequence, where its continuation starts.
-fn scored_with_corpus(
+/// The scored chain over the sequence and, where given, a corpus: the continuations of the
+/// longest suffix n-gram found in either (the sequence's occurrences rank as more recent than the
+/// corpus's when both have it at the same size), drafted into `out` (evidence-sized drafts
+/// estimated under `calibration` where given, their tokens' uncalibrated estimates in
+/// `estimates`). Returns the n-gram's size and, when the draft copies an occurrence in the
+/// sequence, where its continuation starts.
+fn scored_chain(
     index: &NgramIndex,
     cursor: Option<usize>,
-    corpus: &Corpus,
+    corpus: Option<&Corpus>,
+    calibration: Option<&Calibration>,
     k: usize,
     out: &mut Vec<u32>,
+    estimates: &mut Vec<Estimate>,
 ) -> Option<(usize, Option<usize>)> {
     out.clear();
+    estimates.clear();
     let params = index.score_params();
     let mut own = Candidates::new(params.max_occurrences);
     let own_n = index.scored_candidates(k, cursor, &mut own);
     let tokens = index.tokens();
     let suffix = &tokens[tokens.len().saturating_sub(crate::scored::MAX_MATCH)..];
     let mut theirs = Candidates::new(params.max_occurrences);
-    let their_n = corpus.scored_candidates(suffix, k, &mut theirs);
+    let their_n = corpus.and_then(|c| c.scored_candidates(suffix, k, &mut theirs));
     // The candidates drafted from, and how many of them (the first) are the sequence's.
     let (n, candidates, in_sequence) = match (own_n, their_n) {
         (None, None) => return None,
@@ -82,7 +88,7 @@ fn scored_with_corpus(
         (Some(a), None) => (a, &own, own.len()),
         (_, Some(b)) => (b, &theirs, 0),
     };
-    let best = candidates.draft(k, &params, out);
+    let best = candidates.draft_calibrated(k, &params, calibration, out, estimates);
     Some((n, (best < in_sequence).then(|| candidates.start(best) + n)))
 }
 
@@ -200,6 +206,10 @@ pub struct Drafter {
     source: Option<(usize, usize)>,
     /// Per node of a tree draft: its class for the estimates.
     classes: Vec<u8>,
+    /// The sequence's calibration of evidence-sized chains, and the uncalibrated estimates of
+    /// the current chain's tokens.
+    calibration: Calibration,
+    estimates: Vec<Estimate>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
     predictions: SharedPredictions,
     corpus: Option<SharedCorpus>,
@@ -231,6 +241,8 @@ impl Drafter {
             draft_match: 0,
             source: None,
             classes: Vec::new(),
+            calibration: Calibration::new(),
+            estimates: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             corpus: None,
             rates: TreeRates::new(),
@@ -346,16 +358,28 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
-        let scored = self.config.match_policy == MatchPolicy::Scored;
-        let cursor = scored.then(|| self.cursor());
-        let found = match (&self.corpus, scored) {
-            (Some(corpus), true) => {
-                scored_with_corpus(&self.index, cursor, &lock(corpus), k, &mut self.chain)
-            }
-            _ => self
+        self.estimates.clear();
+        let found = if self.config.match_policy == MatchPolicy::Scored {
+            let cursor = Some(self.cursor());
+            let corpus = self.corpus.as_ref().map(|c| lock(c));
+            let calibration = self
                 .index
-                .propose_from(k, cursor, &mut self.chain)
-                .map(|m| (m.n, Some(m.start + m.n))),
+                .score_params()
+                .calibrate
+                .then_some(&self.calibration);
+            scored_chain(
+                &self.index,
+                cursor,
+                corpus.as_deref(),
+                calibration,
+                k,
+                &mut self.chain,
+                &mut self.estimates,
+            )
+        } else {
+            self.index
+                .propose_from(k, None, &mut self.chain)
+                .map(|m| (m.n, Some(m.start + m.n)))
         };
         if let Some((_, Some(from))) = found {
             self.source = Some((self.index.len(), from));
@@ -366,6 +390,7 @@ impl Drafter {
             if self.config.adaptive {
                 let keep = self.length.choose_at_price(price, n, self.chain.len());
                 self.chain.truncate(keep);
+                self.estimates.truncate(keep);
             }
         }
         self.tree.set_chain(&self.chain, Source::Ngram);
@@ -551,6 +576,7 @@ impl Drafter {
         if len < self.tree.len() {
             self.tree.truncate(len);
             self.classes.truncate(len);
+            self.estimates.truncate(len);
         }
     }
 
@@ -562,8 +588,10 @@ impl Drafter {
         match self.config.method {
             SpecMethod::Ngram if drafted == 0 => self.length.idle(),
             SpecMethod::Ngram => {
-                self.length
-                    .observe(self.draft_match, drafted, path.len().min(drafted));
+                let accepted = path.len().min(drafted);
+                self.length.observe(self.draft_match, drafted, accepted);
+                let estimates = &self.estimates[..self.estimates.len().min(drafted)];
+                self.calibration.observe(estimates, accepted);
             }
             SpecMethod::Tree if drafted == 0 => self.probes.idle(),
             SpecMethod::Tree => {
@@ -583,6 +611,7 @@ impl Drafter {
         }
         self.tree.clear();
         self.classes.clear();
+        self.estimates.clear();
     }
 
     /// Records what a pass over `rows` rows cost (seconds, or relative to one row), refining the
@@ -843,6 +872,52 @@ mod tests {
             scored > recent && scored >= earliest,
             "{scored} {recent} {earliest}"
         );
+    }
+
+    #[test]
+    fn calibration_follows_the_sequence_s_own_drafts() {
+        // A 1-token match with one occurrence: 4 tokens at threshold 0.05 before any evidence.
+        let evidence = |calibrate| {
+            let c = SpecConfig {
+                match_policy: MatchPolicy::Scored,
+                ..config(8, false)
+            };
+            let mut d = Drafter::new(&c, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]);
+            d.set_score_params(crate::ScoreParams {
+                min_token_probability: 0.05,
+                calibrate,
+                ..Default::default()
+            });
+            d
+        };
+        let mut d = evidence(true);
+        assert_eq!(d.propose(8, None).len(), 4);
+        // Rejected drafts shorten the next ones, down to a single token (the decayed evidence
+        // never scales an estimate below a quarter of the prior's).
+        let mut lengths = Vec::new();
+        for _ in 0..30 {
+            lengths.push(d.propose(8, None).len());
+            d.observe(&[]);
+        }
+        assert!(lengths.windows(2).all(|w| w[1] <= w[0]), "{lengths:?}");
+        assert_eq!(*lengths.last().unwrap(), 1, "{lengths:?}");
+        // Accepted drafts lengthen them, up to K.
+        let mut d = evidence(true);
+        let mut lengths = Vec::new();
+        for _ in 0..12 {
+            let n = d.propose(8, None).len();
+            lengths.push(n);
+            d.observe(&(0..n).collect::<Vec<_>>());
+        }
+        assert!(lengths.windows(2).all(|w| w[1] >= w[0]), "{lengths:?}");
+        assert_eq!(*lengths.last().unwrap(), 8, "{lengths:?}");
+        // Without calibration the outcomes change nothing.
+        let mut d = evidence(false);
+        for _ in 0..12 {
+            d.propose(8, None);
+            d.observe(&[]);
+        }
+        assert_eq!(d.propose(8, None).len(), 4);
     }
 
     #[test]

@@ -41,6 +41,7 @@
 //! ```
 
 mod by_source;
+mod calibration;
 mod config;
 mod corpus;
 mod drafter;

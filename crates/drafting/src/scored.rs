@@ -87,6 +87,10 @@ pub struct ScoreParams {
     /// stay at or above this; `min_path_probability` is then unused. 0 (the default) keeps the
     /// heaviest path cut by `min_path_probability`.
     pub min_token_probability: f64,
+    /// With `min_token_probability` set: scale the evidence walk's estimates by how the
+    /// sequence's own earlier drafts fared (see `calibration.rs`; a [`Drafter`](crate::Drafter)
+    /// keeps the sums).
+    pub calibrate: bool,
 }
 
 impl Default for ScoreParams {
@@ -96,6 +100,7 @@ impl Default for ScoreParams {
             decay: 0.6,
             min_path_probability: 0.4,
             min_token_probability: 0.0,
+            calibrate: false,
         }
     }
 }
@@ -126,6 +131,7 @@ impl ScoreParams {
             decay,
             min_path_probability,
             min_token_probability,
+            calibrate: self.calibrate,
         }
     }
 
@@ -208,6 +214,11 @@ impl<'a> Candidates<'a> {
         self.matched[at..=i].rotate_right(1);
     }
 
+    /// The continuation of candidate `i`.
+    pub(crate) fn run(&self, i: usize) -> &'a [u32] {
+        self.runs[i]
+    }
+
     /// The match length of candidate `i`.
     pub(crate) fn matched(&self, i: usize) -> usize {
         usize::from(self.matched[i])
@@ -217,8 +228,21 @@ impl<'a> Candidates<'a> {
     /// walk where `params.min_token_probability` is set; returns the rank of the most recent
     /// candidate that follows it.
     pub(crate) fn draft(&self, k: usize, params: &ScoreParams, out: &mut Vec<u32>) -> usize {
+        self.draft_calibrated(k, params, None, out, &mut Vec::new())
+    }
+
+    /// [`draft`](Self::draft) with the evidence walk's estimates calibrated by `calibration`
+    /// (where given) and its tokens' uncalibrated estimates appended to `estimates`.
+    pub(crate) fn draft_calibrated(
+        &self,
+        k: usize,
+        params: &ScoreParams,
+        calibration: Option<&crate::calibration::Calibration>,
+        out: &mut Vec<u32>,
+        estimates: &mut Vec<crate::calibration::Estimate>,
+    ) -> usize {
         if params.min_token_probability > 0.0 {
-            crate::evidence::evidence_path(self, k, params, out)
+            crate::evidence::evidence_path(self, k, params, calibration, out, estimates)
         } else {
             self.best_path(k, params, out)
         }
@@ -338,6 +362,7 @@ mod tests {
             decay,
             min_path_probability: min_p,
             min_token_probability: 0.0,
+            calibrate: false,
         }
     }
 
@@ -393,6 +418,7 @@ mod tests {
             decay: f64::NAN,
             min_path_probability: 3.0,
             min_token_probability: f64::NAN,
+            calibrate: false,
         }
         .sanitized();
         assert_eq!(p.max_occurrences, 1);
@@ -403,6 +429,7 @@ mod tests {
             decay: 0.0,
             min_path_probability: -1.0,
             min_token_probability: 2.0,
+            calibrate: false,
         }
         .sanitized();
         assert_eq!(

@@ -236,6 +236,7 @@ fn score_params() -> impl Strategy<Value = ScoreParams> {
                 decay,
                 min_path_probability,
                 min_token_probability: 0.0,
+                calibrate: false,
             }),
     ]
 }
