@@ -22,7 +22,6 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
 use crate::calibration::{Calibration, Estimate};
-use crate::config::MatchPolicy;
 use crate::corpus::Corpus;
 use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
 use crate::predictions::PredictionTable;
@@ -359,7 +358,7 @@ impl Drafter {
 
     fn propose_chain(&mut self, k: usize, price: f64) {
         self.estimates.clear();
-        let found = if self.config.match_policy == MatchPolicy::Scored {
+        let found = if self.config.match_policy.is_scored() {
             let cursor = Some(self.cursor());
             let corpus = self.corpus.as_ref().map(|c| lock(c));
             let calibration = self
@@ -637,6 +636,7 @@ impl Drafter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::MatchPolicy;
 
     fn config(k: usize, adaptive: bool) -> SpecConfig {
         SpecConfig {
