@@ -19,8 +19,9 @@ pub struct SpecArgs {
     /// Shortest n-gram to match.
     #[arg(long, alias = "ngram-prompt-lookup-min", value_name = "N")]
     pub prompt_lookup_min: Option<usize>,
-    /// Which earlier occurrence to copy from: recent, earliest, longest, or scored (every earlier
-    /// occurrence of the longest match, by how often and how recently each continuation followed).
+    /// Which earlier occurrence to copy from: recent, earliest, longest, scored (every earlier
+    /// occurrence of the longest match, by how often and how recently each continuation followed),
+    /// or evidence (scored, each draft cut where its estimated chance of acceptance runs low).
     #[arg(long, value_name = "POLICY")]
     pub match_policy: Option<MatchPolicy>,
     /// Always send all K proposed tokens (or tree nodes), instead of as many as are expected to

@@ -15,7 +15,10 @@
 //!                    settings of the scored policy (--min-token-p: drafts sized by evidence)
 //!   --corpus         every finished row's output joins a corpus later rows also draft from
 //!                    (vLLM's suffix decoding keeps its earlier responses the same way)
+//!   --calibrate      with --min-token-p: each row calibrates the estimates by its own drafts
 //!   --json FILE      write the counts per category as JSON
+//!   --against FILE   vllm_ngram.py's JSON of the same rows and settings: a table of each
+//!                    category against vLLM's `ngram` and `suffix`, with where pld loses
 //! ```
 //!
 //! As in the script: the prefill gives the first output token (no step); each step proposes at
@@ -152,6 +155,7 @@ fn main() {
     let mut params = ScoreParams::default();
     let mut with_corpus = false;
     let mut json_out = None;
+    let mut against = None;
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
@@ -163,8 +167,10 @@ fn main() {
             "--min-path-p" => params.min_path_probability = value().parse().expect("X"),
             "--max-occurrences" => params.max_occurrences = value().parse().expect("N"),
             "--min-token-p" => params.min_token_probability = value().parse().expect("X"),
+            "--calibrate" => params.calibrate = true,
             "--corpus" => with_corpus = true,
             "--json" => json_out = Some(value()),
+            "--against" => against = Some(value()),
             "-h" | "--help" => {
                 println!("see the module doc of crates/drafting/examples/vllm_replay.rs");
                 return;
@@ -218,6 +224,9 @@ fn main() {
                    "accepted": c.accepted, "produced": c.produced}),
         );
     }
+    if let Some(path) = against {
+        compare(&by, &path);
+    }
     if let Some(path) = json_out {
         std::fs::write(
             &path,
@@ -225,4 +234,70 @@ fn main() {
         )
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     }
+}
+
+/// Counts of one drafter in `vllm_ngram.py`'s JSON, by category (its results.json categories
+/// carry no file prefix, as here).
+fn reference(v: &Value, drafter: &str) -> BTreeMap<String, Counts> {
+    let mut out = BTreeMap::new();
+    if let Some(m) = v["replay"][drafter].as_object() {
+        for (cat, c) in m {
+            let n = |f: &str| c[f].as_u64().unwrap_or(0) as usize;
+            out.insert(
+                cat.clone(),
+                Counts {
+                    rows: n("rows"),
+                    steps: n("steps"),
+                    drafted: n("drafted"),
+                    accepted: n("accepted"),
+                    produced: n("produced"),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Prints every category against vLLM's `ngram` and `suffix` from `path`; the last column says
+/// where pld takes fewer tokens per step or drafts more tokens than either.
+fn compare(by: &BTreeMap<String, Counts>, path: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let ngram = reference(&v, "vLLM ngram");
+    let suffix = reference(&v, "vLLM suffix (arctic-inference)");
+    let rate = |c: &Counts| c.produced as f64 / c.steps.max(1) as f64;
+    println!(
+        "\n| category | pld | vLLM ngram | vLLM suffix | loses to |\n|---|---:|---:|---:|---|"
+    );
+    let (mut lost_rate, mut lost_drafted) = (0, 0);
+    for (cat, c) in by {
+        let cell = |c: Option<&Counts>| {
+            c.map_or("-".into(), |c| format!("{} / {:.3}", c.drafted, rate(c)))
+        };
+        let mut losses = Vec::new();
+        for (name, r) in [("ngram", ngram.get(cat)), ("suffix", suffix.get(cat))] {
+            let Some(r) = r else { continue };
+            if rate(c) < rate(r) - 1e-9 {
+                losses.push(format!("{name} tok/step ({:+.3})", rate(c) - rate(r)));
+                lost_rate += usize::from(cat != "all");
+            }
+            if c.drafted > r.drafted {
+                losses.push(format!(
+                    "{name} drafted (x{:.2})",
+                    c.drafted as f64 / r.drafted.max(1) as f64
+                ));
+                lost_drafted += usize::from(cat != "all");
+            }
+        }
+        println!(
+            "| {cat} | {} | {} | {} | {} |",
+            cell(Some(c)),
+            cell(ngram.get(cat)),
+            cell(suffix.get(cat)),
+            losses.join("; ")
+        );
+    }
+    println!(
+        "losses in categories: {lost_rate} in tokens per step, {lost_drafted} in drafted tokens"
+    );
 }

@@ -27,15 +27,23 @@ pub enum MatchPolicy {
     /// [`ScoreParams::min_path_probability`](crate::ScoreParams). With a single occurrence it
     /// drafts what `Recent` and `Earliest` draft (they pick that same occurrence).
     Scored,
+    /// `Scored` with drafts sized by evidence (see `evidence.rs`): each token is kept while its
+    /// estimated probability of acceptance (from how many examined occurrences continue with it,
+    /// how many otherwise, and how long their context agrees) stays above a threshold, and a
+    /// [`Drafter`](crate::Drafter) calibrates those estimates by the sequence's own accepted
+    /// drafts. Settings: [`ScoreParams::evidence`](crate::ScoreParams::evidence), unless others
+    /// are set.
+    Evidence,
 }
 
 impl MatchPolicy {
     /// Every policy, in declaration order.
-    pub const ALL: [MatchPolicy; 4] = [
+    pub const ALL: [MatchPolicy; 5] = [
         MatchPolicy::Recent,
         MatchPolicy::Earliest,
         MatchPolicy::LongestContinuation,
         MatchPolicy::Scored,
+        MatchPolicy::Evidence,
     ];
 
     /// The name accepted by [`FromStr`] and printed by [`Display`](fmt::Display).
@@ -45,7 +53,13 @@ impl MatchPolicy {
             MatchPolicy::Earliest => "earliest",
             MatchPolicy::LongestContinuation => "longest",
             MatchPolicy::Scored => "scored",
+            MatchPolicy::Evidence => "evidence",
         }
+    }
+
+    /// Whether drafts read many occurrences (`Scored` and `Evidence`).
+    pub const fn is_scored(self) -> bool {
+        matches!(self, MatchPolicy::Scored | MatchPolicy::Evidence)
     }
 }
 
@@ -72,7 +86,8 @@ impl fmt::Display for ParsePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown match policy {:?}; valid policies are: recent, earliest, longest, scored",
+            "unknown match policy {:?}; valid policies are: recent, earliest, longest, scored, \
+             evidence",
             self.input
         )
     }
@@ -83,7 +98,7 @@ impl std::error::Error for ParsePolicyError {}
 impl FromStr for MatchPolicy {
     type Err = ParsePolicyError;
 
-    /// Parses `recent`, `earliest`, `longest` or `scored` (ASCII case is ignored, and
+    /// Parses `recent`, `earliest`, `longest`, `scored` or `evidence` (ASCII case is ignored, and
     /// surrounding whitespace is trimmed).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let trimmed = s.trim();

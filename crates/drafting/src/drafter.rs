@@ -21,7 +21,7 @@
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
-use crate::config::MatchPolicy;
+use crate::calibration::{Calibration, Estimate};
 use crate::corpus::Corpus;
 use crate::length::{DraftLength, Probes, MIN_GAIN, PRIOR_PRICE};
 use crate::predictions::PredictionTable;
@@ -51,25 +51,30 @@ const RATE_DECAY: f64 = 0.98;
 /// Weight of a rate's prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
 
-/// The scored chain over the sequence and a corpus together: the continuations of the longest
-/// suffix n-gram found in either (the sequence's occurrences rank as more recent than the
-/// corpus's when both have it at the same size), drafted into `out`. Returns the n-gram's size
-/// and, when the draft copies an occurrence in the sequence, where its continuation starts.
-fn scored_with_corpus(
+/// The scored chain over the sequence and, where given, a corpus: the continuations of the
+/// longest suffix n-gram found in either (the sequence's occurrences rank as more recent than the
+/// corpus's when both have it at the same size), drafted into `out` (evidence-sized drafts
+/// estimated under `calibration` where given, their tokens' uncalibrated estimates in
+/// `estimates`). Returns the n-gram's size and, when the draft copies an occurrence in the
+/// sequence, where its continuation starts.
+fn scored_chain(
     index: &NgramIndex,
     cursor: Option<usize>,
-    corpus: &Corpus,
+    corpus: Option<&Corpus>,
+    calibration: Option<&Calibration>,
     k: usize,
     out: &mut Vec<u32>,
+    estimates: &mut Vec<Estimate>,
 ) -> Option<(usize, Option<usize>)> {
     out.clear();
+    estimates.clear();
     let params = index.score_params();
     let mut own = Candidates::new(params.max_occurrences);
     let own_n = index.scored_candidates(k, cursor, &mut own);
     let tokens = index.tokens();
     let suffix = &tokens[tokens.len().saturating_sub(crate::scored::MAX_MATCH)..];
     let mut theirs = Candidates::new(params.max_occurrences);
-    let their_n = corpus.scored_candidates(suffix, k, &mut theirs);
+    let their_n = corpus.and_then(|c| c.scored_candidates(suffix, k, &mut theirs));
     // The candidates drafted from, and how many of them (the first) are the sequence's.
     let (n, candidates, in_sequence) = match (own_n, their_n) {
         (None, None) => return None,
@@ -82,7 +87,7 @@ fn scored_with_corpus(
         (Some(a), None) => (a, &own, own.len()),
         (_, Some(b)) => (b, &theirs, 0),
     };
-    let best = candidates.draft(k, &params, out);
+    let best = candidates.draft_calibrated(k, &params, calibration, out, estimates);
     Some((n, (best < in_sequence).then(|| candidates.start(best) + n)))
 }
 
@@ -200,6 +205,10 @@ pub struct Drafter {
     source: Option<(usize, usize)>,
     /// Per node of a tree draft: its class for the estimates.
     classes: Vec<u8>,
+    /// The sequence's calibration of evidence-sized chains, and the uncalibrated estimates of
+    /// the current chain's tokens.
+    calibration: Calibration,
+    estimates: Vec<Estimate>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
     predictions: SharedPredictions,
     corpus: Option<SharedCorpus>,
@@ -231,6 +240,8 @@ impl Drafter {
             draft_match: 0,
             source: None,
             classes: Vec::new(),
+            calibration: Calibration::new(),
+            estimates: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             corpus: None,
             rates: TreeRates::new(),
@@ -346,16 +357,28 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
-        let scored = self.config.match_policy == MatchPolicy::Scored;
-        let cursor = scored.then(|| self.cursor());
-        let found = match (&self.corpus, scored) {
-            (Some(corpus), true) => {
-                scored_with_corpus(&self.index, cursor, &lock(corpus), k, &mut self.chain)
-            }
-            _ => self
+        self.estimates.clear();
+        let found = if self.config.match_policy.is_scored() {
+            let cursor = Some(self.cursor());
+            let corpus = self.corpus.as_ref().map(|c| lock(c));
+            let calibration = self
                 .index
-                .propose_from(k, cursor, &mut self.chain)
-                .map(|m| (m.n, Some(m.start + m.n))),
+                .score_params()
+                .calibrate
+                .then_some(&self.calibration);
+            scored_chain(
+                &self.index,
+                cursor,
+                corpus.as_deref(),
+                calibration,
+                k,
+                &mut self.chain,
+                &mut self.estimates,
+            )
+        } else {
+            self.index
+                .propose_from(k, None, &mut self.chain)
+                .map(|m| (m.n, Some(m.start + m.n)))
         };
         if let Some((_, Some(from))) = found {
             self.source = Some((self.index.len(), from));
@@ -366,6 +389,7 @@ impl Drafter {
             if self.config.adaptive {
                 let keep = self.length.choose_at_price(price, n, self.chain.len());
                 self.chain.truncate(keep);
+                self.estimates.truncate(keep);
             }
         }
         self.tree.set_chain(&self.chain, Source::Ngram);
@@ -551,6 +575,7 @@ impl Drafter {
         if len < self.tree.len() {
             self.tree.truncate(len);
             self.classes.truncate(len);
+            self.estimates.truncate(len);
         }
     }
 
@@ -562,8 +587,10 @@ impl Drafter {
         match self.config.method {
             SpecMethod::Ngram if drafted == 0 => self.length.idle(),
             SpecMethod::Ngram => {
-                self.length
-                    .observe(self.draft_match, drafted, path.len().min(drafted));
+                let accepted = path.len().min(drafted);
+                self.length.observe(self.draft_match, drafted, accepted);
+                let estimates = &self.estimates[..self.estimates.len().min(drafted)];
+                self.calibration.observe(estimates, accepted);
             }
             SpecMethod::Tree if drafted == 0 => self.probes.idle(),
             SpecMethod::Tree => {
@@ -583,6 +610,7 @@ impl Drafter {
         }
         self.tree.clear();
         self.classes.clear();
+        self.estimates.clear();
     }
 
     /// Records what a pass over `rows` rows cost (seconds, or relative to one row), refining the
@@ -606,250 +634,4 @@ impl Drafter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(k: usize, adaptive: bool) -> SpecConfig {
-        SpecConfig {
-            num_speculative_tokens: k,
-            prompt_lookup_max: 3,
-            prompt_lookup_min: 1,
-            adaptive,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn proposes_what_followed_and_respects_the_limit() {
-        let mut d = Drafter::new(&config(8, false), &[1, 2, 3, 4, 5, 6, 1, 2]);
-        assert_eq!(d.propose(8, None).tokens(), [3, 4, 5, 6, 1, 2]);
-        assert_eq!(d.propose(2, None).tokens(), [3, 4]);
-        assert!(d.propose(0, None).is_empty(), "no room, no draft");
-        let mut short = Drafter::new(&config(3, false), d.tokens());
-        assert_eq!(
-            short.propose(8, None).tokens(),
-            [3, 4, 5],
-            "K caps the draft"
-        );
-    }
-
-    #[test]
-    fn outcomes_steer_later_drafts() {
-        // A sequence whose repeats never continue the same way: every draft is rejected.
-        let mut d = Drafter::new(&config(8, true), &[7, 1, 7, 2, 7, 3, 7]);
-        let mut sent = 0;
-        for t in 0..200u32 {
-            sent += d.propose(8, Some(0.1)).len();
-            d.observe(&[]);
-            d.push(100 + t);
-            d.push(7);
-        }
-        // Rejections switch drafting off except for the occasional one-token probe.
-        assert!(sent < 40, "{sent} tokens sent");
-        assert!(d.length().acceptance(1) < 0.4);
-        assert_eq!(d.length().best_length(1, 8), 0, "no draft pays any more");
-        // A price no draft can pay sends nothing but probes, even for a perfect match.
-        let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]);
-        assert!(e.propose(8, Some(5.0)).len() <= 1);
-    }
-
-    #[test]
-    fn nodes_cut_before_sending_count_neither_way() {
-        // Every sent token is accepted, but only the first of each draft is sent (as when a
-        // grammar forbids the second): the estimate must see an accepted token, not an accepted
-        // token and a rejected one.
-        let run = |cut: bool| {
-            let mut d = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]);
-            for _ in 0..30 {
-                let sent = d.propose(8, Some(0.1)).len();
-                if cut {
-                    d.keep_first(sent.min(1));
-                }
-                d.observe(if sent > 0 { &[0] } else { &[] });
-            }
-            d.length().acceptance(1)
-        };
-        assert!(run(true) > 0.9, "cut: {}", run(true));
-        assert!(run(false) <= 0.55, "uncut: {}", run(false));
-    }
-
-    #[test]
-    fn truncate_rewinds_the_sequence() {
-        let mut d = Drafter::new(&config(4, false), &[1, 2, 3, 1]);
-        d.push(9);
-        d.truncate(4);
-        assert_eq!(d.tokens(), [1, 2, 3, 1]);
-        assert_eq!(d.propose(4, None).tokens(), [2, 3, 1]);
-    }
-
-    fn tree_config(adaptive: bool, sources: &str) -> SpecConfig {
-        SpecConfig {
-            method: SpecMethod::Tree,
-            tree_sources: sources.parse().unwrap(),
-            ..config(4, adaptive)
-        }
-    }
-
-    #[test]
-    fn a_tree_holds_every_earlier_continuation() {
-        let mut d = Drafter::new(&tree_config(false, "ngram"), &[1, 2, 3, 5, 1, 2, 4, 1, 2]);
-        let t = d.propose(8, None);
-        // "1 2" was followed by "4 1 2" and by "3 5 1 2" (cut at K = 4 deep); "2" adds nothing new.
-        assert_eq!(
-            t.children(ROOT).map(|c| t.tokens()[c]).collect::<Vec<_>>(),
-            [4, 3]
-        );
-        let path = t.follow(&[3, 5, 1, 2, 9]);
-        assert_eq!(
-            path.iter().map(|&n| t.tokens()[n]).collect::<Vec<_>>(),
-            [3, 5, 1, 2]
-        );
-        assert!(t.depths().iter().all(|&d| d <= 4));
-        assert!(t.sources().iter().all(|&s| s == Source::Ngram));
-        // The node budget caps the tree.
-        assert_eq!(d.propose(3, None).len(), 3);
-    }
-
-    #[test]
-    fn the_model_source_expands_its_predictions() {
-        let mut d = Drafter::new(&tree_config(false, "model"), &[5, 6, 7]);
-        assert_eq!(d.wants_predictions(), 4);
-        assert!(d.propose(8, None).is_empty(), "nothing recorded yet");
-        lock(&d.predictions).record(None, 7, &[8, 9]);
-        lock(&d.predictions).record(None, 8, &[10]);
-        let t = d.propose(8, None).clone();
-        let mut tokens = t.tokens().to_vec();
-        tokens.sort();
-        assert_eq!(tokens, [8, 9, 10]);
-        assert_eq!(t.follow(&[8, 10, 3]).len(), 2);
-        assert!(t.sources().iter().all(|&s| s == Source::Model));
-        // Rejections at rank 1 lower its estimate; acceptances at rank 0 raise it.
-        let before = (
-            d.tree_rate(Source::Model, 0, 1),
-            d.tree_rate(Source::Model, 1, 1),
-        );
-        for _ in 0..20 {
-            let t = d.propose(8, None).clone();
-            d.observe(&t.follow(&[8, 10]));
-        }
-        assert!(d.tree_rate(Source::Model, 0, 1) > before.0);
-        assert!(d.tree_rate(Source::Model, 1, 1) < before.1);
-        assert!(d.tree_rate(Source::Model, 0, 2) > 0.8);
-    }
-
-    #[test]
-    fn costly_rows_shrink_the_tree() {
-        let mut d = Drafter::new(&tree_config(true, "ngram,model"), &[1, 2, 3, 1, 2, 4, 1, 2]);
-        lock(&d.predictions).record(None, 2, &[3, 4, 5, 6]);
-        let cheap = d.propose(8, Some(0.02)).len();
-        let dear = d.propose(8, Some(0.3)).len();
-        assert!(cheap > dear, "{cheap} nodes at 0.02, {dear} at 0.3");
-        assert!(
-            d.propose(8, Some(5.0)).is_empty(),
-            "nothing pays at 5 tokens a row"
-        );
-        d.observe(&[]);
-    }
-
-    #[test]
-    fn the_corpus_source_drafts_from_earlier_documents() {
-        let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
-        corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
-        let mut d = Drafter::new(&tree_config(false, "corpus"), &[9, 41, 42]);
-        assert!(d.propose(8, None).is_empty(), "no corpus yet");
-        d.set_corpus(corpus);
-        let t = d.propose(8, None);
-        assert_eq!(t.tokens(), [43, 44]);
-        assert!(t.sources().iter().all(|&s| s == Source::Corpus));
-    }
-
-    #[test]
-    fn a_scored_chain_draws_on_the_corpus_too() {
-        let chain = |policy| SpecConfig {
-            match_policy: policy,
-            ..config(4, false)
-        };
-        let corpus: SharedCorpus = Arc::new(Mutex::new(Corpus::new(1000)));
-        // Three earlier documents continue "41 42" with 43 44; the sequence itself once with 50.
-        for _ in 0..3 {
-            corpus.lock().unwrap().add(&[40, 41, 42, 43, 44]);
-        }
-        let prompt = [41, 42, 50, 9, 41, 42];
-        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &prompt);
-        assert_eq!(
-            d.propose(8, None).tokens(),
-            [50, 9, 41, 42],
-            "no corpus yet"
-        );
-        d.set_corpus(corpus.clone());
-        d.set_score_params(crate::ScoreParams {
-            decay: 1.0,
-            min_path_probability: 0.5,
-            ..Default::default()
-        });
-        // Same size of match (2) in both: three votes for 43 against one for 50.
-        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
-        // Other policies draft from the sequence only.
-        let mut r = Drafter::new(&chain(MatchPolicy::Recent), &prompt);
-        r.set_corpus(corpus.clone());
-        assert_eq!(r.propose(8, None).tokens(), [50, 9, 41, 42]);
-        // A longer match in the sequence outranks the corpus's shorter one.
-        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[7, 41, 42, 60, 7, 41, 42]);
-        d.set_corpus(corpus.clone());
-        assert_eq!(d.propose(8, None).tokens(), [60, 7, 41, 42]);
-        // And a match found only in the corpus still drafts.
-        let mut d = Drafter::new(&chain(MatchPolicy::Scored), &[1, 2, 41, 42]);
-        d.set_corpus(corpus);
-        assert_eq!(d.propose(8, None).tokens(), [43, 44]);
-    }
-
-    #[test]
-    fn a_scored_chain_keeps_its_place_in_a_copy() {
-        // The output copies the prompt but puts a 7 before every 1: after "7 1" only the 1 is
-        // matched, and it occurred three times. The copy's place says which one comes next.
-        let prompt = [10, 1, 20, 11, 1, 21, 12, 1, 22, 99];
-        let output = [10, 7, 1, 20, 11, 7, 1, 21, 12, 7, 1, 22];
-        let run = |policy| {
-            let c = SpecConfig {
-                match_policy: policy,
-                ..config(4, false)
-            };
-            let mut d = Drafter::new(&c, &prompt);
-            let (mut accepted, mut pos) = (0, 0);
-            while pos < output.len() {
-                let draft = d.propose(4, None).tokens().to_vec();
-                let a = draft
-                    .iter()
-                    .zip(&output[pos..])
-                    .take_while(|(x, y)| x == y)
-                    .count();
-                d.observe(&(0..a).collect::<Vec<_>>());
-                let emitted = (a + 1).min(output.len() - pos);
-                for &t in &output[pos..pos + emitted] {
-                    d.push(t);
-                }
-                accepted += a;
-                pos += emitted;
-            }
-            accepted
-        };
-        let (scored, recent, earliest) = (
-            run(MatchPolicy::Scored),
-            run(MatchPolicy::Recent),
-            run(MatchPolicy::Earliest),
-        );
-        // (5, 4 and 5 tokens.) After "10 7 1" the scored chain drafts from the prompt's first 1,
-        // where the copy stands, and keeps 20 11; the recent policy drafts from its last 1.
-        assert!(
-            scored > recent && scored >= earliest,
-            "{scored} {recent} {earliest}"
-        );
-    }
-
-    #[test]
-    fn invalid_settings_are_refused() {
-        let mut c = config(4, true);
-        c.prompt_lookup_min = 5;
-        assert_eq!(c.validate().unwrap_err().field, "prompt_lookup_min");
-    }
-}
+mod tests;

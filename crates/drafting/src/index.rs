@@ -134,12 +134,28 @@ impl NgramIndex {
         self.config.policy = policy;
     }
 
-    /// The settings of [`MatchPolicy::Scored`].
+    /// The settings the scored policies draft with: those set, except that under
+    /// [`MatchPolicy::Evidence`] the defaults are [`ScoreParams::evidence`] and a threshold of 0
+    /// takes its threshold (and calibration).
     pub fn score_params(&self) -> ScoreParams {
-        self.score
+        if self.config.policy != MatchPolicy::Evidence {
+            return self.score;
+        }
+        let evidence = ScoreParams::evidence();
+        if self.score == ScoreParams::default() {
+            evidence
+        } else if self.score.min_token_probability == 0.0 {
+            ScoreParams {
+                min_token_probability: evidence.min_token_probability,
+                calibrate: evidence.calibrate,
+                ..self.score
+            }
+        } else {
+            self.score
+        }
     }
 
-    /// Changes the settings of [`MatchPolicy::Scored`] (brought into range by
+    /// Changes the settings of the scored policies (brought into range by
     /// [`ScoreParams::sanitized`]).
     pub fn set_score_params(&mut self, params: ScoreParams) {
         self.score = params.sanitized();
@@ -238,7 +254,7 @@ impl NgramIndex {
         out: &mut Vec<u32>,
     ) -> Option<Match> {
         out.clear();
-        if self.config.policy == MatchPolicy::Scored {
+        if self.config.policy.is_scored() {
             return self.propose_scored(k, cursor, out);
         }
         let tokens = &self.tokens;
@@ -268,11 +284,12 @@ impl NgramIndex {
         None
     }
 
-    /// [`propose`](Self::propose) under [`MatchPolicy::Scored`].
+    /// [`propose`](Self::propose) under [`MatchPolicy::Scored`] and [`MatchPolicy::Evidence`].
     fn propose_scored(&self, k: usize, cursor: Option<usize>, out: &mut Vec<u32>) -> Option<Match> {
-        let mut candidates = Candidates::new(self.score.max_occurrences);
+        let params = self.score_params();
+        let mut candidates = Candidates::new(params.max_occurrences);
         let n = self.scored_candidates(k, cursor, &mut candidates)?;
-        let best = candidates.draft(k, &self.score, out);
+        let best = candidates.draft(k, &params, out);
         Some(Match {
             n,
             start: candidates.start(best),
@@ -301,6 +318,15 @@ impl NgramIndex {
         }
         let keys = suffix_keys(tokens, max_n);
         let before = candidates.len();
+        // Match lengths matter only to drafts sized by evidence (reads back from each occurrence).
+        let measure = self.score_params().min_token_probability > 0.0;
+        let matched = |from: usize, n: usize| {
+            if measure {
+                match_length(tokens, from, tokens)
+            } else {
+                n
+            }
+        };
         for n in (min_n..=max_n).rev() {
             let level = &self.levels[n - min_n];
             let Some(slot) = level.slots.get(&keys[n]) else {
@@ -311,7 +337,7 @@ impl NgramIndex {
             let exact =
                 cursor.filter(|&from| from >= n && from < len && &tokens[from - n..from] == suffix);
             if let Some(from) = exact {
-                let m = match_length(tokens, from, tokens);
+                let m = matched(from, n);
                 candidates.push(&tokens[from..(from + k).min(len)], from - n, m);
                 candidates.at_cursor = before == 0;
             }
@@ -321,7 +347,7 @@ impl NgramIndex {
                 // A different n-gram with the same key (a hash collision) is skipped.
                 if &tokens[e + 1 - n..=e] == suffix && Some(e + 1) != exact {
                     let from = e + 1;
-                    let m = match_length(tokens, from, tokens);
+                    let m = matched(from, n);
                     candidates.push(&tokens[from..(from + k).min(len)], e + 1 - n, m);
                 }
                 end = level.prev[e];
@@ -400,7 +426,7 @@ impl NgramIndex {
     fn choose(&self, slot: &Slot, k: usize) -> u32 {
         match self.config.policy {
             // (Scored proposals go through `propose_scored`; the most recent stands in.)
-            MatchPolicy::Recent | MatchPolicy::Scored => slot.recent,
+            MatchPolicy::Recent | MatchPolicy::Scored | MatchPolicy::Evidence => slot.recent,
             MatchPolicy::Earliest => slot.earliest,
             MatchPolicy::LongestContinuation => {
                 let len = self.tokens.len();

@@ -41,6 +41,7 @@
 //! ```
 
 mod by_source;
+mod calibration;
 mod config;
 mod corpus;
 mod drafter;
@@ -64,7 +65,7 @@ pub use length::{DraftLength, PRIOR_PRICE};
 pub use pass_cost::{ContextCost, PassCost};
 pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
-pub use scored::{ScoreParams, MAX_SCORED_OCCURRENCES};
+pub use scored::{ScoreParams, EVIDENCE_MIN_TOKEN_PROBABILITY, MAX_SCORED_OCCURRENCES};
 pub use spec_config::{
     SpecConfig, SpecError, SpecMethod, SpecOverrides, TreeSources, DEFAULT_NUM_SPECULATIVE_TOKENS,
     DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,

@@ -445,6 +445,25 @@ mod tests {
         assert!(e.to_string().contains("oracle"), "{e}");
         let e = parse(r#"{"match_policy":"newest"}"#).unwrap_err();
         assert!(e.to_string().contains("newest"), "{e}");
+        assert!(
+            e.to_string().contains("evidence"),
+            "the valid names are listed: {e}"
+        );
+        // A threshold is not a setting of its own: evidence sizing is a policy.
+        let e = parse(r#"{"match_policy":"evidence","min_token_probability":0.1}"#).unwrap_err();
+        assert!(e.to_string().contains("min_token_probability"), "{e}");
+    }
+
+    #[test]
+    fn evidence_is_a_policy() {
+        let o = parse(r#"{"method":"ngram","match_policy":"evidence","adaptive":false}"#).unwrap();
+        let c = SpecConfig::default()
+            .merge(Some(&o), &SpecOverrides::default())
+            .unwrap();
+        assert_eq!(c.match_policy, MatchPolicy::Evidence);
+        // A lone 1-token match: evidence drafts 4 tokens where scored would draft 8.
+        let mut d = crate::Drafter::new(&c, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]);
+        assert_eq!(d.propose(8, None).len(), 4);
     }
 
     #[test]

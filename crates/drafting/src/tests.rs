@@ -414,6 +414,7 @@ fn scored_examines_only_the_most_recent_occurrences() {
         decay: 1.0,
         min_path_probability: 0.0,
         min_token_probability: 0.0,
+        calibrate: false,
     };
     assert_eq!(scored(&seq, 1, 1, 1, cap(64)).1, [1]);
     assert_eq!(scored(&seq, 1, 1, 1, cap(2)).1, [2]);
@@ -481,6 +482,7 @@ fn scored_cursor_reaches_past_the_examined_occurrences() {
         decay: 0.4,
         min_path_probability: 0.0,
         min_token_probability: 0.0,
+        calibrate: false,
     });
     let mut out = Vec::new();
     assert_eq!(index.propose_from(1, None, &mut out).unwrap().start, 8);

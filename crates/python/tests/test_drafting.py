@@ -125,9 +125,13 @@ def test_the_vllm_proposer_drafts_each_row_from_its_own_tokens(adaptive):
     assert proposer.config["num_speculative_tokens"] == k
     default = Proposer(SimpleNamespace(**{**vars(config), "additional_config": None}))
     assert default.config["adaptive"] is False, "full-length drafts by default inside vLLM"
-    assert default.config["match_policy"] == "scored", "vLLM's default policy (docs/bench/vllm)"
+    assert default.config["match_policy"] == "evidence", "vLLM's default policy (docs/bench/vllm)"
+    assert default.corpus is not None and "corpus_tokens" not in default.config
     with pytest.raises(ValueError, match="speculative_config"):
         Proposer(SimpleNamespace(**{**vars(config), "additional_config": {"pld": {"bogus": 1}}}))
+    for bad in (-1, 1.5, "many", True):
+        with pytest.raises(ValueError, match="corpus_tokens"):
+            Proposer(SimpleNamespace(**{**vars(config), "additional_config": {"pld": {"corpus_tokens": bad}}}))
     batch = Batch(rows, max_len, np)
     waiting = [truth_sequence(rng, rng.randrange(300, 1500)) for _ in range(20)]
     drafts = []
@@ -235,3 +239,28 @@ def test_the_vllm_proposer_follows_a_batch_size_schedule(monkeypatch):
     row[12] = 4
     assert proposer.propose([[4], []], [13, 5], [row, other], num_speculative_tokens=1) == [[5], []], \
         "a length passed in wins"
+
+
+def test_the_vllm_proposer_drafts_from_finished_outputs():
+    def proposer(pld):
+        return Proposer(SimpleNamespace(
+            speculative_config=SimpleNamespace(num_speculative_tokens=4, prompt_lookup_min=0, prompt_lookup_max=0,
+                                               method="custom_class"),
+            model_config=SimpleNamespace(max_model_len=64),
+            additional_config={"pld": {"prompt_lookup_max": 3, **pld}},
+        ))
+
+    def run(p):
+        # Request A: prompt 1 2 3, then the output 50..55, one token a step (nothing to draft).
+        row = [1, 2, 3] + [0] * 61
+        for i, t in enumerate(range(50, 56)):
+            row[3 + i] = t
+            p.propose([[t]], [4 + i], [row])
+        p.propose([], [], [])  # A has left the batch
+        # Request B ends with "51 52", which only A's output continued.
+        other = [9, 8, 51, 52] + [0] * 60
+        return p.propose([[52]], [4], [other])
+
+    assert run(proposer({})) == [[53, 54, 55]], "drafted from A's output"
+    assert run(proposer({"corpus_tokens": 0})) == [[]], "no corpus, no match"
+    assert run(proposer({"match_policy": "recent"})) == [[]], "only the scored policies read it"

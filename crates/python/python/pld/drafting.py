@@ -35,7 +35,8 @@ def _ids(tokens: Ids) -> Union[List[int], bytes]:
 
 class Corpus:
     """Earlier sequences (prompts and outputs) that drafts may copy from, bounded in tokens:
-    the `corpus` source of `method: "tree"` drafts."""
+    the `corpus` source of `method: "tree"` drafts, and further candidates of the `scored` and
+    `evidence` chains."""
 
     def __init__(self, max_tokens: Optional[int] = None) -> None:
         self._native = _native.Corpus() if max_tokens is None else _native.Corpus(max_tokens)
@@ -50,7 +51,7 @@ class Corpus:
 class Drafter:
     """One sequence's drafter. `speculative_config` is vLLM's dict (`method` "ngram" or "tree",
     `num_speculative_tokens`, `prompt_lookup_max`, `prompt_lookup_min`, `match_policy`
-    "recent"/"earliest"/"longest", `adaptive`; Hugging Face's `prompt_lookup_num_tokens` and
+    "recent"/"earliest"/"longest"/"scored"/"evidence", `adaptive`; Hugging Face's `prompt_lookup_num_tokens` and
     `max_matching_ngram_size` are aliases) over pld's defaults; a bad value raises ValueError."""
 
     def __init__(

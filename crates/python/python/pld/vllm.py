@@ -15,16 +15,29 @@ step with the rows of its persistent batch: the tokens each row accepted this st
 length, and the batch's token array. It names the class in `speculative_config["model"]` and sets
 `prompt_lookup_min/max` to 0 for a custom class, so pld's own settings go in
 `additional_config["pld"]` (vLLM's names: `prompt_lookup_min`, `prompt_lookup_max`,
-`match_policy` (`scored`, the default here, `recent`, pld's own default, `earliest`, `longest`:
-see `MatchPolicy` in the drafting crate), `adaptive`, which is off by default here: on a GPU a
-drafted row is nearly free); K is vLLM's `num_speculative_tokens`.
+`match_policy` (`evidence`, the default here, `scored`, `recent`, pld's own default, `earliest`,
+`longest`: see `MatchPolicy` in the drafting crate), `adaptive`, which is off by default here: on
+a GPU a drafted row is nearly free), and the proposer's own `corpus_tokens` (below); K is vLLM's
+`num_speculative_tokens`.
 
-`scored` is the default inside vLLM because on the recorded greedy outputs it replayed to more
-tokens per step than vLLM's own `ngram` from fewer drafted tokens (docs/bench/vllm/README.md:
-qwen-coder-0.5b in vLLM, 30 grounded and Spec-Bench rows, 1.66 tokens a step from 6,803 drafted
-against 1.63 from 7,189; pld's 115 recorded turns, 1.82 from 46,713 against 1.76 from 50,112).
-`recent`, pld's own default, accepted fewer on the code edits and summaries; `earliest` drafts
-exactly what vLLM's `ngram` drafts.
+`evidence` is the default inside vLLM, with a corpus: on the recorded greedy outputs
+(docs/bench/vllm/README.md: qwen-coder-0.5b in vLLM, 30 grounded and Spec-Bench rows; pld's 115
+recorded turns; K = 8 and 4) it replayed to more tokens per step in total than vLLM's `ngram` and
+`suffix` and than pld's `scored`, from 56-63% of the tokens `ngram` and `scored` draft at K = 8
+and 80-86% at K = 4 (K = 8:
+1.694 tokens a step from 4,030 drafted, against `ngram`'s 1.628 from 7,189 and `suffix`'s 1.630
+from 2,377; on the 115 turns 1.826 from 29,320 against 1.763 from 50,112 and 1.729 from 18,311).
+It still drafts more than `suffix` (1.3-1.7 times in total) and loses tokens per step to `ngram`
+on the summaries.
+
+The corpus: each proposer keeps the outputs of the requests it has seen leave the batch, up to
+`corpus_tokens` tokens (default 262,144, some 25 MB of index; the oldest go first; 0 turns it
+off), and the `scored` and `evidence` policies draft from it too, as vLLM's `suffix` drafts from
+its cache of earlier responses. It is shared by every request this proposer serves (one proposer
+per vLLM worker): a draft never changes an output under greedy or rejection sampling, but
+requests that must not even steer each other's drafts need `corpus_tokens: 0`. A request that
+leaves the batch and comes back (preempted) counts as finished, and starts over with a new
+drafter.
 
 vLLM's scheduler decides each step's draft length (`num_spec_tokens_to_schedule`: K, or with
 `speculative_config["num_speculative_tokens_per_batch_size"]` the K its schedule gives the step's
@@ -41,20 +54,24 @@ leave holes that later rows fill; rows are reordered), so a row's drafter is fou
 holds: the drafter whose sequence has the row's length before this step's tokens, the row's first
 tokens and the tokens just before the new ones. A row that matches none (a new request, a
 preempted one, one whose prompt was still being prefilled) gets a new drafter over its tokens, so
-a row never drafts from another request's tokens.
+a row's sequence never mixes with another request's (the corpus is the one way other requests'
+tokens reach a draft).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .drafting import Drafter
+from .drafting import Corpus, Drafter
 
 __all__ = ["Proposer"]
 
 #: Tokens of a sequence's start and of its end (before the new tokens) that identify it.
 HEAD = 32
 TAIL = 16
+
+#: Default most tokens of a proposer's corpus of finished outputs (`corpus_tokens`).
+CORPUS_TOKENS = 1 << 18
 
 
 def _slice(row: Any, start: int, end: int) -> List[int]:
@@ -65,11 +82,12 @@ def _slice(row: Any, start: int, end: int) -> List[int]:
 class _Tracked:
     """One request's drafter and what identifies its sequence."""
 
-    __slots__ = ("drafter", "length", "head", "tail", "proposed")
+    __slots__ = ("drafter", "length", "head", "tail", "proposed", "prompt")
 
-    def __init__(self, drafter: Drafter, tokens_row: Any, n: int) -> None:
+    def __init__(self, drafter: Drafter, tokens_row: Any, n: int, prompt: int) -> None:
         self.drafter = drafter
         self.length = n
+        self.prompt = prompt  # the tokens before the first sampled one this proposer saw
         self.head = tuple(_slice(tokens_row, 0, min(HEAD, n)))
         self.tail = tuple(_slice(tokens_row, max(0, n - TAIL), n))
         self.proposed = 0
@@ -125,11 +143,19 @@ class Proposer:
         # On a GPU a drafted row costs next to nothing, so drafts go out at full length unless
         # asked otherwise (pld's adaptive length is priced for its own CPU kernels).
         config.setdefault("adaptive", False)
-        # What the earlier occurrences agree on, not one picked by position: more accepted from
-        # fewer drafted tokens than vLLM's ngram on the recorded outputs (see above).
-        config.setdefault("match_policy", "scored")
+        # Drafts sized by how many earlier occurrences agree and how long: more accepted per step
+        # than vLLM's ngram and suffix on the recorded outputs, from far fewer drafted tokens than
+        # ngram (see above).
+        config.setdefault("match_policy", "evidence")
+        corpus_tokens = config.pop("corpus_tokens", CORPUS_TOKENS)
+        if isinstance(corpus_tokens, bool) or not isinstance(corpus_tokens, int) or corpus_tokens < 0:
+            raise ValueError(
+                "additional_config['pld']['corpus_tokens'] must be a whole number of tokens "
+                f"(0: no corpus), not {corpus_tokens!r}"
+            )
         Drafter([], config)  # a bad setting fails now, in the worker's start-up
         self.config = config
+        self.corpus: Optional[Corpus] = Corpus(corpus_tokens) if corpus_tokens else None
         self._k_by_batch = _dynamic_schedule(vllm_config, self.k)
         self._rows: List[Optional[_Tracked]] = []
 
@@ -172,7 +198,8 @@ class Proposer:
             row = token_ids_cpu[i]
             state = self._find(previous[i] if i < len(previous) else None, spare, row, n - len(new))
             if state is None:
-                state = _Tracked(Drafter(row[:n], self.config), row, n)
+                drafter = Drafter(row[:n], self.config, self.corpus)
+                state = _Tracked(drafter, row, n, n - len(new))
             else:
                 # The last draft's accepted tokens are the new ones but the model's own last.
                 state.drafter.observe(min(state.proposed, len(new) - 1))
@@ -181,8 +208,20 @@ class Proposer:
             state.proposed = len(draft)
             rows.append(state)
             drafts.append(draft)
+        if self.corpus is not None:
+            kept = {id(s) for s in rows if s is not None}
+            for s in previous:
+                if s is not None and id(s) not in kept:
+                    self._retire(s)
         self._rows = rows
         return drafts
+
+    def _retire(self, state: _Tracked) -> None:
+        """Adds the output of a request that left the batch (as far as it went) to the corpus."""
+        assert self.corpus is not None
+        output = state.drafter.tokens()[state.prompt:]
+        if output:
+            self.corpus.add(output)
 
     @staticmethod
     def _find(
