@@ -166,7 +166,13 @@ async fn answer(
     let (stream, reply, prompt_tokens) = (valid.stream, valid.reply, valid.prompt.len());
     let rx = submit(state, tenant, valid)?;
     let id = super::random_id("msg_");
-    let outputs = Outputs::new(rx, 1, reply, format!("toolu_{}", &id[4..]));
+    let outputs = Outputs::new(
+        rx,
+        1,
+        reply,
+        format!("toolu_{}", &id[4..]),
+        state.lm.clone(),
+    );
     let model = answer_model(state, model.as_deref());
     if stream {
         return Ok(
