@@ -524,3 +524,37 @@ async fn logprobs_leave_out_the_markup_reasoning_and_calls() {
         .collect();
     assert!(streamed.is_empty(), "{streamed:?}");
 }
+
+/// Anthropic's extended thinking is a reasoning effort here: accepted, enabled or disabled, and
+/// checked as Anthropic checks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_take_thinking_as_a_reasoning_effort() {
+    let base = server().await;
+    let ask = json!([{"role": "user", "content": "Hi"}]);
+    for thinking in [
+        json!({"type": "enabled", "budget_tokens": 1024}),
+        json!({"type": "enabled", "budget_tokens": 20000}),
+        json!({"type": "disabled"}),
+        json!({"type": "adaptive"}),
+    ] {
+        let body = json!({"model": "tiny-harmony", "max_tokens": 4, "messages": ask, "thinking": thinking});
+        let (status, r) = post(&base, "/v1/messages", body).await;
+        assert_eq!(status, 200, "{thinking}: {r}");
+    }
+    for (thinking, param) in [
+        (json!({"type": "enabled"}), "thinking.budget_tokens"),
+        (
+            json!({"type": "enabled", "budget_tokens": 512}),
+            "thinking.budget_tokens",
+        ),
+        (json!({"type": "sometimes"}), "thinking.type"),
+    ] {
+        let body = json!({"model": "tiny-harmony", "max_tokens": 4, "messages": ask, "thinking": thinking});
+        let (status, e) = post(&base, "/v1/messages", body).await;
+        assert_eq!(status, 400, "{thinking}: {e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(param),
+            "{e}"
+        );
+    }
+}
