@@ -124,9 +124,10 @@ mod tests {
             .collect();
         c.end = 9;
         // Only the second token's bytes are content, and only the first two are decided.
-        assert_eq!(c.take(5, vec![3..5]), vec![lp(2)]);
+        assert_eq!(c.take(5, vec![Range { start: 3, end: 5 }]), vec![lp(2)]);
         assert_eq!(c.take(5, vec![]), vec![]);
         // A token partly content is kept.
-        assert_eq!(c.take(usize::MAX, vec![8..12]), vec![lp(3)]);
+        let past_the_end = Range { start: 8, end: 12 };
+        assert_eq!(c.take(usize::MAX, vec![past_the_end]), vec![lp(3)]);
     }
 }
