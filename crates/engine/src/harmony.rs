@@ -7,10 +7,16 @@
 //! (the analysis channel), content (the final channel, and commentary without a recipient: a
 //! preamble) and function calls (a `functions.NAME` recipient: the body is the arguments), and
 //! never lets a marker through. Text that is not harmony (no header where one must be) degrades
-//! to content. `forced_call_grammar` is the grammar of a required call in this format.
+//! to content. When the request offered no tools (or `tool_choice` was `none`) a call's body is
+//! content instead: no call is made that the client did not allow. The stream also says which
+//! bytes of the reply became content (`take_content`), so that log-probabilities can be kept to
+//! the content's tokens. `forced_call_grammar` is the grammar of a required call in this format,
+//! `final_grammar` that of structured output (in the final channel).
 
+use crate::grammar::ResponseFormat;
 use crate::tools::Delta;
 use serde_json::{json, Value};
+use std::ops::Range;
 
 pub const START: &str = "<|start|>";
 pub const END: &str = "<|end|>";
@@ -31,7 +37,8 @@ const MAX_HEADER: usize = 256;
 enum Body {
     Reasoning,
     Content,
-    /// A call of function `name`; its arguments so far.
+    /// A call of function `name`; its arguments so far (their bytes in the reply are the
+    /// stream's `tentative` ranges).
     Call {
         name: String,
         arguments: String,
@@ -53,18 +60,23 @@ enum State {
 pub struct HarmonyStream {
     /// Text that may be the start of a marker, held back until it is decided.
     pending: String,
+    /// Where `pending` starts in the reply (every byte before it has been read).
+    read: usize,
     state: State,
     /// The calls whose messages have ended: (name, arguments).
     calls: Vec<(String, String)>,
+    /// Whether a `functions.NAME` recipient makes a call (else the body is content).
+    make_calls: bool,
+    /// The ranges of the reply that became content and were not yet taken (`take_content`).
+    content: Vec<Range<usize>>,
+    /// The ranges of the text of the header or call being read: content if the header turns out
+    /// not to be one, or the call's arguments not JSON.
+    tentative: Vec<Range<usize>>,
 }
 
 impl Default for HarmonyStream {
     fn default() -> Self {
-        HarmonyStream {
-            pending: String::new(),
-            state: State::Header(String::new()),
-            calls: Vec::new(),
-        }
+        HarmonyStream::new(true)
     }
 }
 
@@ -135,11 +147,12 @@ fn without_markers(text: &str) -> String {
         .fold(text.to_string(), |t, m| t.replace(m, ""))
 }
 
-/// Where the body of the message with this header goes.
-fn body_of(header: &str) -> Body {
+/// Where the body of the message with this header goes (a call's only if `calls`).
+fn body_of(header: &str, calls: bool) -> Body {
     let recipient = word_after(header, "to=").filter(|r| *r != "assistant");
     match recipient {
         Some(r) => match r.strip_prefix("functions.") {
+            Some(_) if !calls => Body::Content,
             Some(name) if !name.is_empty() => Body::Call {
                 name: name.to_string(),
                 arguments: String::new(),
@@ -153,7 +166,25 @@ fn body_of(header: &str) -> Body {
     }
 }
 
+fn is_json(text: &str) -> bool {
+    serde_json::from_str::<Value>(text.trim()).is_ok()
+}
+
 impl HarmonyStream {
+    /// A reply read with calls (`make_calls`: the request offered tools and allows calls) or
+    /// without (a call's body is content).
+    pub fn new(make_calls: bool) -> Self {
+        HarmonyStream {
+            pending: String::new(),
+            read: 0,
+            state: State::Header(String::new()),
+            calls: Vec::new(),
+            make_calls,
+            content: Vec::new(),
+            tentative: Vec::new(),
+        }
+    }
+
     /// What `text`, the next of the reply, adds to the reasoning and the content.
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
         self.pending.push_str(text);
@@ -162,12 +193,24 @@ impl HarmonyStream {
             let before = self.pending[..at].to_string();
             self.pending.drain(..at + marker.len());
             self.text(&before, &mut out);
+            self.read += marker.len();
             self.marker(marker);
         }
         let keep = marker_prefix_len(&self.pending);
         let ready: String = self.pending.drain(..self.pending.len() - keep).collect();
         self.text(&ready, &mut out);
         merge(out)
+    }
+
+    /// Which bytes of the reply became content: the ranges decided since the last call, and the
+    /// offset up to which every byte is decided (the rest may still become content: text held
+    /// back, a header, a call's arguments). After `finish` everything is decided.
+    pub fn take_content(&mut self) -> (usize, Vec<Range<usize>>) {
+        let decided = self
+            .tentative
+            .first()
+            .map_or(self.read, |r| r.start.min(self.read));
+        (decided, std::mem::take(&mut self.content))
     }
 
     /// At the end of the reply: the rest of the reasoning and content, and the calls (OpenAI
@@ -184,14 +227,15 @@ impl HarmonyStream {
                 let text = without_markers(&h);
                 let text = text.trim_start().strip_prefix("assistant").unwrap_or(&text);
                 out.push(Delta::Content(text.to_string()));
+                self.content.append(&mut self.tentative);
             }
-            State::Header(_) => {}
+            State::Header(_) => self.tentative.clear(),
             State::Body(body) => self.close(body),
         }
         let mut calls = Vec::new();
         for (name, arguments) in std::mem::take(&mut self.calls) {
             let arguments = arguments.trim();
-            if serde_json::from_str::<Value>(arguments).is_ok() {
+            if is_json(arguments) {
                 calls.push(json!({
                     "id": format!("{id_prefix}-{}", calls.len()),
                     "type": "function",
@@ -204,23 +248,33 @@ impl HarmonyStream {
         (merge(out), calls)
     }
 
-    /// Text between markers, where the state sends it.
+    /// Text between markers (the reply's next bytes), where the state sends it.
     fn text(&mut self, text: &str, out: &mut Vec<Delta>) {
         if text.is_empty() {
             return;
         }
+        let range = self.read..self.read + text.len();
+        self.read = range.end;
         match &mut self.state {
             State::Header(h) => {
                 h.push_str(text);
+                self.tentative.push(range);
                 if !plausible(h) || h.len() > MAX_HEADER {
                     // Not harmony: the text so far, and what follows, is content.
                     out.push(Delta::Content(without_markers(h)));
+                    self.content.append(&mut self.tentative);
                     self.state = State::Body(Body::Content);
                 }
             }
             State::Body(Body::Reasoning) => out.push(Delta::Reasoning(text.to_string())),
-            State::Body(Body::Content) => out.push(Delta::Content(text.to_string())),
-            State::Body(Body::Call { arguments, .. }) => arguments.push_str(text),
+            State::Body(Body::Content) => {
+                out.push(Delta::Content(text.to_string()));
+                self.content.push(range);
+            }
+            State::Body(Body::Call { arguments, .. }) => {
+                arguments.push_str(text);
+                self.tentative.push(range);
+            }
             State::Body(Body::Dropped) => {}
         }
     }
@@ -229,13 +283,19 @@ impl HarmonyStream {
     fn marker(&mut self, marker: &'static str) {
         let state = std::mem::replace(&mut self.state, State::Header(String::new()));
         self.state = match (state, marker) {
-            (State::Header(h), MESSAGE) => State::Body(body_of(&h)),
+            (State::Header(h), MESSAGE) => {
+                self.tentative.clear();
+                State::Body(body_of(&h, self.make_calls))
+            }
             (State::Header(mut h), CHANNEL | CONSTRAIN) => {
                 h.push_str(marker);
                 State::Header(h)
             }
             // A new message, or a message that ended before its body.
-            (State::Header(_), _) => State::Header(String::new()),
+            (State::Header(_), _) => {
+                self.tentative.clear();
+                State::Header(String::new())
+            }
             // Out of place in a body: dropped.
             (s @ State::Body(_), MESSAGE | CONSTRAIN) => s,
             (State::Body(body), _) => {
@@ -250,8 +310,14 @@ impl HarmonyStream {
         };
     }
 
+    /// A message's end: a call is kept (its arguments, when they are not JSON, are content).
     fn close(&mut self, body: Body) {
         if let Body::Call { name, arguments } = body {
+            if is_json(&arguments) {
+                self.tentative.clear();
+            } else {
+                self.content.append(&mut self.tentative);
+            }
             self.calls.push((name, arguments));
         }
     }
@@ -287,16 +353,18 @@ pub fn parse(text: &str, id_prefix: &str) -> (String, String, Vec<Value>) {
     (reasoning, content, calls)
 }
 
+/// The analysis message a constrained reply may begin with (free reasoning, ended), in
+/// llguidance's Lark syntax with the markers as special tokens.
+const ANALYSIS: &str =
+    "analysis: <|channel|> \"analysis\" <|message|> REASONING <|end|> <|start|> \"assistant\"\n\
+                        REASONING: /(.|\\n)*/\n";
+
 /// The grammar (llguidance's Lark syntax, markers as special tokens) of a reply in harmony that
 /// must call one of `functions` ((name, JSON Schema of the arguments)): an optional analysis
 /// message, then the call, the recipient in the channel's header as gpt-oss writes it, and its
 /// arguments as compact JSON.
 pub fn forced_call_grammar(functions: &[(String, Value)]) -> String {
-    let mut g = String::from(
-        "start: analysis? call\n\
-         analysis: <|channel|> \"analysis\" <|message|> REASONING <|end|> <|start|> \"assistant\"\n\
-         REASONING: /(.|\\n)*/\n",
-    );
+    let mut g = format!("start: analysis? call\n{ANALYSIS}");
     let names: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
     g.push_str(&format!("call: {}\n", names.join(" | ")));
     for (rule, (name, schema)) in names.iter().zip(functions) {
@@ -319,3 +387,38 @@ pub fn forced_call_grammar(functions: &[(String, Value)]) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The grammar (llguidance's Lark syntax) of a reply in harmony whose answer must be `format`
+/// (structured output): an optional analysis message, as in `forced_call_grammar`, then the
+/// final channel's message, whose body (the content the client gets) is the answer alone: the
+/// JSON, or the text of the client's grammar (nested whole). `None` for free text; an error when
+/// a GBNF grammar does not translate.
+pub fn final_grammar(format: &ResponseFormat) -> Result<Option<String>, String> {
+    let answer = match format {
+        ResponseFormat::Text => return Ok(None),
+        ResponseFormat::JsonObject => format!("%json {}", json!({"type": "object"})),
+        ResponseFormat::JsonSchema {
+            schema: Value::Bool(true),
+        } => "%json {}".to_string(),
+        ResponseFormat::JsonSchema { schema } => format!("%json {schema}"),
+        ResponseFormat::Lark { grammar } => format!("%lark {{\n{grammar}\n}}"),
+        ResponseFormat::Gbnf { grammar } => {
+            format!("%lark {{\n{}\n}}", crate::grammar::gbnf::to_lark(grammar)?)
+        }
+    };
+    // gpt-oss may name the JSON it writes in the header, as it does for a call's arguments.
+    let json = matches!(
+        format,
+        ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. }
+    );
+    let constrain = if json {
+        "(\" \" <|constrain|> \"json\")? "
+    } else {
+        ""
+    };
+    Ok(Some(format!(
+        "start: analysis? final\n{ANALYSIS}\
+         final: <|channel|> \"final\" {constrain}<|message|> answer\n\
+         answer: {answer}\n"
+    )))
+}

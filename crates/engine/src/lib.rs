@@ -30,7 +30,7 @@ pub use error::{EngineError, Result};
 pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
 pub use generation::{FinishReason, GenerationConfig, GenerationOutput};
 pub use grammar::ResponseFormat;
-pub use logprobs::TokenLogprob;
+pub use logprobs::{ContentLogprobs, TokenLogprob};
 pub use model::{Config, Model};
 pub use prefix_cache::PrefixCache;
 pub use sampling::SamplingParams;

@@ -5,8 +5,10 @@
 //! blocks (the format the chat templates that take tools teach the model), or OpenAI's harmony
 //! (gpt-oss: `crate::harmony`).
 
+use crate::grammar::ResponseFormat;
 use crate::harmony::{self, HarmonyStream};
 use serde_json::{json, Value};
+use std::ops::Range;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -137,7 +139,7 @@ impl Tools {
                 .filter(|t| t["function"]["name"] == name.as_str())
                 .collect(),
         };
-        if format == ReplyFormat::Harmony {
+        if matches!(format, ReplyFormat::Harmony { .. }) {
             let functions: Vec<(String, Value)> = forced
                 .iter()
                 .map(|t| {
@@ -210,12 +212,17 @@ pub fn parse_calls(text: &str, id_prefix: &str) -> Option<(Option<String>, Vec<V
 pub struct CallStream {
     held: String,
     in_call: bool,
+    /// Bytes pushed, and of those the ones released as content (all those before `held`, or
+    /// every one when the calls did not parse).
+    read: usize,
+    released: usize,
 }
 
 impl CallStream {
     /// The part of `text` that can go out now as content.
     pub fn push(&mut self, text: &str) -> String {
         self.held.push_str(text);
+        self.read += text.len();
         if self.in_call {
             return String::new();
         }
@@ -223,6 +230,7 @@ impl CallStream {
             self.in_call = true;
             let out = self.held[..at].to_string();
             self.held.drain(..at);
+            self.released += out.len();
             return out;
         }
         // Keep back the longest tail that is a prefix of the marker.
@@ -236,6 +244,7 @@ impl CallStream {
         let cut = self.held.len() - keep;
         let out = self.held[..cut].to_string();
         self.held.drain(..cut);
+        self.released += out.len();
         out
     }
 
@@ -244,7 +253,10 @@ impl CallStream {
         let held = std::mem::take(&mut self.held);
         match parse_calls(&held, id_prefix) {
             Some((None, calls)) if self.in_call => Ok(calls),
-            _ => Err(held),
+            _ => {
+                self.released = self.read;
+                Err(held)
+            }
         }
     }
 }
@@ -256,18 +268,39 @@ pub enum ReplyFormat {
     Text,
     /// Text that may end in `<tool_call>` blocks (chats that offered tools).
     ToolCallBlocks,
-    /// OpenAI's harmony (gpt-oss): channels of reasoning and content, and calls.
-    Harmony,
+    /// OpenAI's harmony (gpt-oss): channels of reasoning and content, and calls when `calls`
+    /// (tools offered and `tool_choice` not `none`; else a call's body is content).
+    Harmony { calls: bool },
 }
 
 impl ReplyFormat {
     /// The format of a chat reply from a model whose template is `template` (see
-    /// `ChatTemplate::is_harmony`), tools offered or not.
+    /// `ChatTemplate::is_harmony`), tools offered (and calls allowed) or not.
     pub fn of_chat(template: Option<&crate::ChatTemplate>, tools: bool) -> ReplyFormat {
-        match template {
-            Some(t) if t.is_harmony() => ReplyFormat::Harmony,
-            _ if tools => ReplyFormat::ToolCallBlocks,
-            _ => ReplyFormat::Text,
+        ReplyFormat::new(template.is_some_and(|t| t.is_harmony()), tools)
+    }
+
+    /// A chat reply's format: harmony's (from a harmony template) or not, calls allowed or not.
+    pub fn new(harmony: bool, calls: bool) -> ReplyFormat {
+        match (harmony, calls) {
+            (true, calls) => ReplyFormat::Harmony { calls },
+            (false, true) => ReplyFormat::ToolCallBlocks,
+            (false, false) => ReplyFormat::Text,
+        }
+    }
+
+    /// Structured output (`format`) as it applies to a reply in this format: the content must
+    /// be the answer, so in harmony the grammar lets the model reason first and then puts the
+    /// answer alone in the final channel (`harmony::final_grammar`); in the other formats the
+    /// whole output is the content, and `format` stays as it is. An error names what did not
+    /// translate.
+    pub fn constrain(self, format: ResponseFormat) -> Result<ResponseFormat, String> {
+        match self {
+            ReplyFormat::Harmony { .. } => Ok(match harmony::final_grammar(&format)? {
+                Some(grammar) => ResponseFormat::Lark { grammar },
+                None => format,
+            }),
+            _ => Ok(format),
         }
     }
 }
@@ -282,8 +315,14 @@ pub enum Delta {
 }
 
 /// A reply read as it arrives, in its `ReplyFormat`: content and reasoning as they can go out
-/// (never a marker of the format, nor what may yet be one), the calls at the end.
-pub struct ReplyStream(Reader);
+/// (never a marker of the format, nor what may yet be one), the calls at the end; and which of
+/// the reply's bytes became content (`take_content`).
+pub struct ReplyStream {
+    reader: Reader,
+    /// Plain text: the bytes read, and those already reported by `take_content`.
+    read: usize,
+    reported: usize,
+}
 
 enum Reader {
     Text,
@@ -293,17 +332,25 @@ enum Reader {
 
 impl ReplyStream {
     pub fn new(format: ReplyFormat) -> Self {
-        ReplyStream(match format {
+        let reader = match format {
             ReplyFormat::Text => Reader::Text,
             ReplyFormat::ToolCallBlocks => Reader::Calls(CallStream::default()),
-            ReplyFormat::Harmony => Reader::Harmony(HarmonyStream::default()),
-        })
+            ReplyFormat::Harmony { calls } => Reader::Harmony(HarmonyStream::new(calls)),
+        };
+        ReplyStream {
+            reader,
+            read: 0,
+            reported: 0,
+        }
     }
 
     /// What the next `text` of the reply adds.
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
-        let content = match &mut self.0 {
-            Reader::Text => text.to_string(),
+        let content = match &mut self.reader {
+            Reader::Text => {
+                self.read += text.len();
+                text.to_string()
+            }
             Reader::Calls(c) => c.push(text),
             Reader::Harmony(h) => return h.push(text),
         };
@@ -317,7 +364,7 @@ impl ReplyStream {
     /// At the end: what was held back, and the calls (OpenAI `tool_calls` entries with ids
     /// `{id_prefix}-{i}`; none when the reply made none).
     pub fn finish(&mut self, id_prefix: &str) -> (Vec<Delta>, Vec<Value>) {
-        match &mut self.0 {
+        match &mut self.reader {
             Reader::Text => (Vec::new(), Vec::new()),
             Reader::Calls(c) => match c.finish(id_prefix) {
                 Ok(calls) => (Vec::new(), calls),
@@ -326,6 +373,21 @@ impl ReplyStream {
             },
             Reader::Harmony(h) => h.finish(id_prefix),
         }
+    }
+
+    /// Which bytes of the reply (offsets in the text pushed so far) became content: the ranges
+    /// decided since the last call, and the offset up to which all is decided (after it, text
+    /// that may yet go either way: a possible marker, a call being read). Everything is
+    /// decided after `finish`.
+    pub fn take_content(&mut self) -> (usize, Vec<Range<usize>>) {
+        let (decided, content) = match &mut self.reader {
+            Reader::Text => (self.read, self.reported..self.read),
+            Reader::Calls(c) => (c.read - c.held.len(), self.reported..c.released),
+            Reader::Harmony(h) => return h.take_content(),
+        };
+        self.reported = content.end.max(self.reported);
+        let content = Some(content).filter(|r| !r.is_empty());
+        (decided, content.into_iter().collect())
     }
 }
 
@@ -361,6 +423,47 @@ mod tests {
     }
 
     #[test]
+    fn the_content_of_calls_and_text_is_located() {
+        let text = "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        let read = |format: ReplyFormat, text: &str| {
+            let mut r = ReplyStream::new(format);
+            let mut ranges = Vec::new();
+            for piece in [&text[..10], &text[10..20], &text[20..]] {
+                r.push(piece);
+                let (decided, content) = r.take_content();
+                assert!(content.iter().all(|c| c.end <= decided));
+                ranges.extend(content);
+            }
+            let calls = r.finish("c").1;
+            let (decided, content) = r.take_content();
+            assert_eq!(decided, text.len());
+            ranges.extend(content);
+            let bytes: String = ranges.iter().map(|c| &text[c.clone()]).collect();
+            (bytes, calls.len())
+        };
+        assert_eq!(
+            read(ReplyFormat::ToolCallBlocks, text),
+            ("Let me look.\n".into(), 1)
+        );
+        // No tools (or tool_choice none): a call's text is content, and no call is made.
+        assert_eq!(ReplyFormat::of_chat(None, false), ReplyFormat::Text);
+        assert_eq!(read(ReplyFormat::Text, text), (text.into(), 0));
+        let broken = "See <tool_call>{not json</tool_call> and more";
+        assert_eq!(
+            read(ReplyFormat::ToolCallBlocks, broken),
+            (broken.into(), 0)
+        );
+        // Structured output is the whole output outside harmony.
+        let json = ResponseFormat::JsonObject;
+        assert_eq!(ReplyFormat::Text.constrain(json.clone()), Ok(json.clone()));
+        let harmony = ReplyFormat::Harmony { calls: false };
+        assert!(matches!(
+            harmony.constrain(json),
+            Ok(ResponseFormat::Lark { .. })
+        ));
+    }
+
+    #[test]
     fn choices_are_checked() {
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]);
         let t = Tools::parse(Some(&tools), Some(&json!("required")))
@@ -378,8 +481,15 @@ mod tests {
         let none = Tools::parse(Some(&tools), Some(&json!("none")))
             .unwrap()
             .unwrap();
-        assert!(none.offered().is_empty() && none.forced_grammar(ReplyFormat::Harmony).is_none());
-        let h = t.forced_grammar(ReplyFormat::Harmony).unwrap();
+        assert!(
+            none.offered().is_empty()
+                && none
+                    .forced_grammar(ReplyFormat::Harmony { calls: false })
+                    .is_none()
+        );
+        let h = t
+            .forced_grammar(ReplyFormat::Harmony { calls: true })
+            .unwrap();
         assert!(
             h.contains("\"commentary to=functions.f \" <|constrain|>"),
             "{h}"

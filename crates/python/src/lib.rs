@@ -10,6 +10,7 @@ mod draft;
 mod settings;
 
 use engine::kv_cache::KvDtype;
+use engine::tools::{Delta, ReplyFormat, ReplyStream};
 use engine::{EngineError, GenerationOutput, LoadedModel, Message, PrefixCache, Sequence};
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -153,14 +154,15 @@ impl Engine {
 
     /// A conversation (OpenAI messages as JSON) rendered by the model's chat template, with
     /// `tools` (OpenAI function objects as JSON) offered as `tool_choice` (OpenAI's value as
-    /// JSON) says; also the grammar that forces a call when the choice requires one.
+    /// JSON) says; also the grammar that forces a call when the choice requires one, and whether
+    /// the reply may make calls (tools offered, and `tool_choice` not `none`: `parse_reply`).
     #[pyo3(signature = (messages, tools=None, tool_choice=None))]
     fn render_chat(
         &self,
         messages: &str,
         tools: Option<&str>,
         tool_choice: Option<&str>,
-    ) -> PyResult<(String, Option<String>)> {
+    ) -> PyResult<(String, Option<String>, bool)> {
         let messages: Vec<Message> = serde_json::from_str(messages)
             .map_err(|e| PyValueError::new_err(format!("messages: {e}")))?;
         let json_arg = |name: &str, text: Option<&str>| -> PyResult<Option<Value>> {
@@ -180,9 +182,40 @@ impl Engine {
             .lm
             .render_chat_with_tools(&messages, offered)
             .map_err(py_err)?;
-        let lm = &self.inner.lm;
-        let format = engine::tools::ReplyFormat::of_chat(lm.chat_template.as_ref(), true);
-        Ok((prompt, tools.and_then(|t| t.forced_grammar(format))))
+        let calls = !offered.is_empty();
+        let format = self.reply_format(calls);
+        Ok((prompt, tools.and_then(|t| t.forced_grammar(format)), calls))
+    }
+
+    /// Whether the model writes its chat replies in harmony (gpt-oss's channels), which
+    /// `parse_reply` reads.
+    #[getter]
+    fn harmony(&self) -> bool {
+        self.inner
+            .lm
+            .chat_template
+            .as_ref()
+            .is_some_and(|t| t.is_harmony())
+    }
+
+    /// The structured output of `sampling` (`SamplingParams` as JSON) as it applies to a chat
+    /// reply of this model (`ReplyFormat::constrain`): for harmony, the grammar (llguidance's
+    /// Lark) that puts the answer alone in the final channel; `None` where it applies as it is.
+    fn chat_grammar(&self, sampling: &str) -> PyResult<Option<String>> {
+        let s = Sampling::parse(sampling).map_err(field_err)?;
+        let format = s
+            .config(drafting::SpecConfig::off())
+            .map_err(field_err)?
+            .response_format;
+        let constrained = self
+            .reply_format(false)
+            .constrain(format.clone())
+            .map_err(|e| PyValueError::new_err(format!("structured_outputs: {e}")))?;
+        Ok(match constrained {
+            _ if constrained == format => None,
+            engine::ResponseFormat::Lark { grammar } => Some(grammar),
+            _ => None,
+        })
     }
 
     /// Runs every prompt (token ids) with its settings (`SamplingParams` as JSON) in one
@@ -382,12 +415,41 @@ fn check_sampling(sampling: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// The function calls in a model's output, as the server parses them: `(content, calls)` with
-/// the calls as OpenAI `tool_calls` JSON, or `None` when it holds no well-formed call.
+impl Engine {
+    /// How this model writes a chat reply that may (`calls`) or may not make calls.
+    fn reply_format(&self, calls: bool) -> ReplyFormat {
+        ReplyFormat::of_chat(self.inner.lm.chat_template.as_ref(), calls)
+    }
+}
+
+/// A chat reply (`text` as generated) read as the server reads it, by the engine's reader of
+/// its format: harmony's channels (`harmony`: a model whose template writes them, gpt-oss), or
+/// `<tool_call>` blocks; calls are read only when `calls` (tools offered, `tool_choice` not
+/// `none`: as `Engine.render_chat` says). Returns `(content, reasoning, calls)`, the calls as
+/// OpenAI `tool_calls` JSON with ids `{id_prefix}-{i}`, and the content, when there are calls,
+/// the text before them, trimmed.
 #[pyfunction]
-fn parse_tool_calls(text: &str, id_prefix: &str) -> Option<(Option<String>, String)> {
-    engine::tools::parse_calls(text, id_prefix)
-        .map(|(content, calls)| (content, Value::Array(calls).to_string()))
+fn parse_reply(
+    text: &str,
+    id_prefix: &str,
+    harmony: bool,
+    calls: bool,
+) -> (String, String, String) {
+    let mut reply = ReplyStream::new(ReplyFormat::new(harmony, calls));
+    let mut deltas = reply.push(text);
+    let (rest, calls) = reply.finish(id_prefix);
+    deltas.extend(rest);
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for d in deltas {
+        match d {
+            Delta::Content(t) => content.push_str(&t),
+            Delta::Reasoning(t) => reasoning.push_str(&t),
+        }
+    }
+    if !calls.is_empty() {
+        content = content.trim().to_string();
+    }
+    (content, reasoning, Value::Array(calls).to_string())
 }
 
 #[pymodule]
@@ -397,6 +459,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<draft::PyDrafter>()?;
     m.add_class::<draft::PyCorpus>()?;
     m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_tool_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_reply, m)?)?;
     Ok(())
 }

@@ -157,6 +157,33 @@ def test_chat_with_a_tool_on_qwen():
         llm.chat(ask, greedy(8), use_tqdm=False, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
 
 
+HARMONY_CALL = ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}")
+
+
+def test_replies_are_read_by_the_engines_readers(llm):
+    parse = pld._native.parse_reply
+    # gpt-oss's harmony: the reasoning apart, a message to functions.NAME a call...
+    content, reasoning, calls = parse(HARMONY_CALL, "c", True, True)
+    assert (content, reasoning) == ("", "Need weather.")
+    assert json.loads(calls) == [{"id": "c-0", "type": "function",
+                                  "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]
+    # ... but not when tool_choice is none (or no tools were given): its body is content.
+    assert parse(HARMONY_CALL, "c", True, False) == ("{\"city\":\"Paris\"}", "Need weather.", "[]")
+    answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4"
+    assert parse(answer, "c", True, False) == ("4", "Easy.", "[]")
+    # <tool_call> blocks likewise: parsed when calls are allowed, left as text when not.
+    blocks = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    content, reasoning, calls = parse(blocks, "c", False, True)
+    assert (content, reasoning) == ("Sure.", "")
+    assert json.loads(calls)[0]["function"] == {"name": "f", "arguments": "{\"a\":1}"}
+    assert parse(blocks, "c", False, False) == (blocks, "", "[]")
+    # smollm2 does not write harmony: its structured output applies to the whole reply.
+    assert not llm._engine.harmony
+    json_object = SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True))
+    assert llm._engine.chat_grammar(json_object._json()) is None
+
+
 def test_bad_settings_raise_value_errors_naming_the_field():
     for kwargs, field in [
         ({"temperature": 3.0}, "temperature"),

@@ -415,3 +415,146 @@ async fn the_official_clients_read_the_reasoning() {
     let base = server().await;
     run_client("harmony_client.py", vec![base, "tiny-harmony".into()]).await;
 }
+
+/// The tokens' text of chat log-probabilities, joined.
+fn logprob_text(choice: &Value) -> String {
+    choice["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect()
+}
+
+/// Structured output on a harmony model: the model may reason, then the answer is the final
+/// channel's content, the JSON alone; its log-probabilities are those of the JSON's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_is_the_final_channels_content() {
+    let base = server().await;
+    // Compact JSON: with llguidance's flexible whitespace the tiny random model writes
+    // whitespace to the output cap.
+    let mut schema = weather_tool()["function"]["parameters"].clone();
+    schema["x-guidance"] = json!({"whitespace_flexible": false});
+    let body = json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}},
+        "max_tokens": 80,
+        "temperature": 0,
+        "logprobs": true,
+    });
+    let (status, r) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_no_marker(&r.to_string());
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{r}");
+    let reasoning = choice["message"]["reasoning_content"].as_str().unwrap();
+    assert!(!reasoning.is_empty(), "{r}");
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert_weather_arguments(content);
+    assert_eq!(logprob_text(choice), content, "{r}");
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let chunks = events(&base, "/v1/chat/completions", streamed).await;
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, content);
+    let tokens: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, content);
+
+    // The same through the Messages API's output_config.format and a json_object request.
+    let (status, m) = post(
+        &base,
+        "/v1/messages",
+        json!({"model": "tiny-harmony", "max_tokens": 80, "temperature": 0,
+               "messages": [{"role": "user", "content": "Weather in Paris?"}],
+               "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{m}");
+    let blocks = m["content"].as_array().unwrap();
+    assert_eq!(
+        (&blocks[0]["type"], &blocks[1]["type"]),
+        (&json!("thinking"), &json!("text"))
+    );
+    assert_eq!(blocks[1]["text"], content, "{m}");
+    let (status, o) = post(
+        &base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 80,
+               "temperature": 0, "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{o}");
+    assert_no_marker(&o.to_string());
+    // Flexible whitespace: the tiny model's object may not close within the cap.
+    let text = o["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{o}");
+}
+
+/// Log-probabilities cover the content's tokens alone: a reply of reasoning and a call has none
+/// (no marker, header, reasoning or argument token among them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_leave_out_the_markup_reasoning_and_calls() {
+    let base = server().await;
+    let mut body = forced(json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tool_choice": "required",
+        "max_tokens": 80,
+        "logprobs": true,
+        "top_logprobs": 2,
+    }));
+    let (status, r) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+    assert_eq!(logprob_text(&r["choices"][0]), "", "{r}");
+    body["stream"] = json!(true);
+    let chunks = events(&base, "/v1/chat/completions", body).await;
+    let streamed: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .collect();
+    assert!(streamed.is_empty(), "{streamed:?}");
+}
+
+/// Anthropic's extended thinking is a reasoning effort here: accepted, enabled or disabled, and
+/// checked as Anthropic checks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_take_thinking_as_a_reasoning_effort() {
+    let base = server().await;
+    let ask = json!([{"role": "user", "content": "Hi"}]);
+    for thinking in [
+        json!({"type": "enabled", "budget_tokens": 1024}),
+        json!({"type": "enabled", "budget_tokens": 20000}),
+        json!({"type": "disabled"}),
+        json!({"type": "adaptive"}),
+    ] {
+        let body = json!({"model": "tiny-harmony", "max_tokens": 4, "messages": ask, "thinking": thinking});
+        let (status, r) = post(&base, "/v1/messages", body).await;
+        assert_eq!(status, 200, "{thinking}: {r}");
+    }
+    for (thinking, param) in [
+        (json!({"type": "enabled"}), "thinking.budget_tokens"),
+        (
+            json!({"type": "enabled", "budget_tokens": 512}),
+            "thinking.budget_tokens",
+        ),
+        (json!({"type": "sometimes"}), "thinking.type"),
+    ] {
+        let body = json!({"model": "tiny-harmony", "max_tokens": 4, "messages": ask, "thinking": thinking});
+        let (status, e) = post(&base, "/v1/messages", body).await;
+        assert_eq!(status, 400, "{thinking}: {e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(param),
+            "{e}"
+        );
+    }
+}

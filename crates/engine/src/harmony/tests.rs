@@ -223,3 +223,99 @@ fn llama_cpps_cases_read_alike() {
         ("run it".into(), String::new(), vec![])
     );
 }
+
+/// The reply's bytes that `take_content` reports as content, after `text` streamed in `pieces`
+/// (split at every character boundary in turn) and finished.
+fn content_bytes(text: &str, calls: bool) -> String {
+    let mut whole = None;
+    for (i, _) in text.char_indices() {
+        let mut s = HarmonyStream::new(calls);
+        let mut ranges = Vec::new();
+        let mut decided_before = 0;
+        for piece in [&text[..i], &text[i..]] {
+            s.push(piece);
+            let (decided, content) = s.take_content();
+            assert!(decided >= decided_before && decided <= text.len());
+            assert!(
+                content.iter().all(|r| r.end <= decided),
+                "{content:?} past {decided}"
+            );
+            decided_before = decided;
+            ranges.extend(content);
+        }
+        s.finish("c");
+        let (decided, content) = s.take_content();
+        assert_eq!(decided, text.len());
+        ranges.extend(content);
+        let bytes: String = ranges.iter().map(|r| &text[r.clone()]).collect();
+        assert_eq!(whole.get_or_insert(bytes.clone()), &bytes, "split at {i}");
+    }
+    whole.unwrap_or_default()
+}
+
+#[test]
+fn the_content_is_located_in_the_reply() {
+    assert_eq!(content_bytes(ANSWER, true), "2 + 2 = 4.");
+    assert_eq!(content_bytes(CALL, true), "");
+    // Calls off: the arguments are the content.
+    assert_eq!(content_bytes(CALL, false), "{\"location\":\"Paris\"}");
+    // Arguments that are not JSON, and text that is not harmony, are content.
+    let cut = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": ";
+    assert_eq!(content_bytes(cut, true), "{\"a\": ");
+    for text in [
+        "Hello <b>there</b>",
+        "assistant is my name",
+        "<|channel|>final<|message|>hi",
+    ] {
+        assert_eq!(content_bytes(text, true), parse(text, "c").1, "{text}");
+    }
+}
+
+#[test]
+fn without_calls_a_calls_body_is_content() {
+    let mut s = HarmonyStream::new(false);
+    let mut deltas = s.push(CALL);
+    let (rest, calls) = s.finish("c");
+    deltas.extend(rest);
+    assert!(calls.is_empty());
+    assert_eq!(
+        deltas,
+        vec![
+            Delta::Reasoning("Need weather.".into()),
+            Delta::Content("{\"location\":\"Paris\"}".into())
+        ]
+    );
+}
+
+#[test]
+fn structured_output_goes_in_the_final_channel() {
+    use crate::grammar::ResponseFormat;
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let g = final_grammar(&ResponseFormat::JsonSchema {
+        schema: schema.clone(),
+    })
+    .unwrap()
+    .unwrap();
+    assert!(g.starts_with("start: analysis? final\n"), "{g}");
+    assert!(
+        g.contains(
+            "final: <|channel|> \"final\" (\" \" <|constrain|> \"json\")? <|message|> answer\n"
+        ),
+        "{g}"
+    );
+    assert!(g.contains(&format!("answer: %json {schema}\n")), "{g}");
+    let g = final_grammar(&ResponseFormat::Gbnf {
+        grammar: "root ::= \"yes\" | \"no\"".into(),
+    })
+    .unwrap()
+    .unwrap();
+    assert!(
+        g.contains("final: <|channel|> \"final\" <|message|> answer\nanswer: %lark {\n"),
+        "{g}"
+    );
+    assert_eq!(final_grammar(&ResponseFormat::Text), Ok(None));
+    assert!(final_grammar(&ResponseFormat::Gbnf {
+        grammar: "root ::= (".into()
+    })
+    .is_err());
+}

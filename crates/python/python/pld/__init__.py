@@ -109,6 +109,9 @@ class CompletionOutput:
     #: From `LLM.chat(..., tools=...)`: the function calls parsed out of `text` (OpenAI's
     #: `tool_calls` objects), else None.
     tool_calls: Optional[List[Dict[str, Any]]] = None
+    #: From `LLM.chat` on a model that reasons apart (gpt-oss's analysis channel): its reasoning,
+    #: else None.
+    reasoning_content: Optional[str] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -261,32 +264,36 @@ class LLM:
         tool_choice: Union[str, Dict[str, Any]] = "auto",
     ) -> List[RequestOutput]:
         """Generates replies to a conversation (OpenAI-style messages) or a list of them, rendered
-        by the model's chat template. With `tools` (OpenAI function objects), the model's
-        `<tool_call>` blocks come back parsed: each choice's `tool_calls` (OpenAI's objects) and
-        its `text` without them. `tool_choice` is OpenAI's: "auto", "none", "required" or
-        `{"type": "function", "function": {"name": ...}}`; the last two force a call by grammar."""
+        by the model's chat template. Each reply is read as pld's server reads it: with `tools`
+        (OpenAI function objects), the model's calls (`<tool_call>` blocks, or gpt-oss's harmony
+        messages to `functions.NAME`) come back parsed, each choice's `tool_calls` (OpenAI's
+        objects) and its `text` without them; a harmony model's reasoning is the choice's
+        `reasoning_content` and its `text` the final answer. `tool_choice` is OpenAI's: "auto",
+        "none" (no call is parsed), "required" or `{"type": "function", "function": {"name":
+        ...}}`; the last two force a call by grammar. Structured output applies to the answer
+        (for harmony, after the model's reasoning, in its final channel)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         rendered = [self._render(c, tools, tool_choice) for c in conversations]  # type: ignore[arg-type]
-        prompts = [prompt for prompt, _ in rendered]
+        prompts = [prompt for prompt, _, _ in rendered]
         params = _params_list(sampling_params, len(prompts))
-        for i, (_, grammar) in enumerate(rendered):
+        for i, (_, grammar, _) in enumerate(rendered):
+            if grammar is not None and params[i].structured_outputs is not None:
+                raise ValueError("tool_choice: forcing a call cannot be combined with structured_outputs")
+            if grammar is None and params[i].structured_outputs is not None:
+                grammar = self._engine.chat_grammar(params[i]._json())
             if grammar is not None:
-                if params[i].structured_outputs is not None:
-                    raise ValueError(
-                        "tool_choice: forcing a call cannot be combined with structured_outputs"
-                    )
                 forced = dataclasses.replace(params[i])
                 forced.structured_outputs = StructuredOutputsParams(grammar=grammar)
                 params[i] = forced
         outs = self.generate(prompts, params, use_tqdm)
-        if tools:
-            for out in outs:
-                for o in out.outputs:
-                    parsed = _native.parse_tool_calls(o.text, f"call-{out.request_id}-{o.index}")
-                    calls = [] if parsed is None else json.loads(parsed[1])
-                    if parsed is not None:
-                        o.text = parsed[0] or ""
-                    o.tool_calls = calls
+        for out, (_, _, calls_allowed) in zip(outs, rendered):
+            for o in out.outputs:
+                content, reasoning, calls = _native.parse_reply(
+                    o.text, f"call-{out.request_id}-{o.index}", self._engine.harmony, calls_allowed
+                )
+                o.text = content
+                o.reasoning_content = reasoning or None
+                o.tool_calls = json.loads(calls) if tools else None
         return outs
 
     def stream(
@@ -307,10 +314,11 @@ class LLM:
         messages: Messages,
         tools: Optional[List[Dict[str, Any]]],
         tool_choice: Union[str, Dict[str, Any]],
-    ) -> Tuple[str, Optional[str]]:
-        """The prompt, and the grammar of a forced call (when `tool_choice` forces one)."""
+    ) -> Tuple[str, Optional[str], bool]:
+        """The prompt, the grammar of a forced call (when `tool_choice` forces one), and whether
+        the reply may make calls."""
         if not tools:
-            return self._engine.render_chat(json.dumps(messages), None, None)[0], None
+            return self._engine.render_chat(json.dumps(messages), None, None)
         return self._engine.render_chat(json.dumps(messages), json.dumps(tools), json.dumps(tool_choice))
 
 

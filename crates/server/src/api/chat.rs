@@ -57,7 +57,7 @@ pub(super) async fn complete(
     let (n, stream, include_usage, reply) =
         (valid.n, valid.stream, valid.include_usage, valid.reply);
     let rx = submit(state, tenant, valid)?;
-    let outputs = Outputs::new(rx, n, reply, format!("call-{}", meta.id));
+    let outputs = Outputs::new(rx, n, reply, format!("call-{}", meta.id), meta.lm.clone());
     Ok(if stream {
         super::stream::stream(meta, outputs, n, include_usage).into_response()
     } else {

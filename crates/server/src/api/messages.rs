@@ -43,13 +43,12 @@ const FIELDS: &[&str] = &[
     "tool_choice",
     "stream",
     "output_config",
+    "thinking",
 ];
 
 /// Messages fields accepted only with the value that changes nothing here.
 fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
     Some(match field {
-        // pld's models do not think: "adaptive" (the model decides) changes nothing.
-        "thinking" => v.is_null() || v["type"] == "disabled" || v["type"] == "adaptive",
         "service_tier" => {
             v.is_null()
                 || v.as_str()
@@ -93,6 +92,8 @@ struct MessagesRequest {
     stream: bool,
     /// `{"format": {"type": "json_schema", "schema": ...}, "effort": ...}`.
     output_config: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens": N}`, `{"type": "disabled"}` or `{"type": "adaptive"}`.
+    thinking: Option<Value>,
     #[serde(flatten)]
     extras: Extras,
 }
@@ -166,7 +167,13 @@ async fn answer(
     let (stream, reply, prompt_tokens) = (valid.stream, valid.reply, valid.prompt.len());
     let rx = submit(state, tenant, valid)?;
     let id = super::random_id("msg_");
-    let outputs = Outputs::new(rx, 1, reply, format!("toolu_{}", &id[4..]));
+    let outputs = Outputs::new(
+        rx,
+        1,
+        reply,
+        format!("toolu_{}", &id[4..]),
+        state.lm.clone(),
+    );
     let model = answer_model(state, model.as_deref());
     if stream {
         return Ok(
@@ -269,8 +276,9 @@ fn conversation(req: &MessagesRequest, lenient: bool) -> Result<Conversation, Ap
     for (i, m) in wire.iter().enumerate() {
         add_message(&mut messages, m, i)?;
     }
+    let thinking = thinking_effort(req.thinking.as_ref())?;
     let effort = match req.output_config.as_ref().and_then(|c| c.get("effort")) {
-        None | Some(Value::Null) => None,
+        None | Some(Value::Null) => thinking,
         Some(e) => super::chat::reasoning_effort(
             Some(e.as_str().unwrap_or_default()),
             "output_config.effort",
@@ -284,6 +292,42 @@ fn conversation(req: &MessagesRequest, lenient: bool) -> Result<Conversation, Ap
             reasoning_effort: effort,
         },
     })
+}
+
+/// The reasoning effort `thinking` asks for, for the templates that take one (gpt-oss's; the others
+/// ignore it, as they ignore `output_config.effort`, which wins when both are given): `enabled`
+/// with a `budget_tokens` of at least 1024 (Anthropic's minimum) maps onto the three levels as
+/// LiteLLM maps them the other way (1024 tokens low, 2048 medium, 4096 high); `disabled` is the
+/// least (gpt-oss always reasons); `adaptive`, or no `thinking`, is the template's default.
+fn thinking_effort(thinking: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let Some(t) = thinking.filter(|t| !t.is_null()) else {
+        return Ok(None);
+    };
+    let level = match t.get("type").and_then(Value::as_str) {
+        Some("adaptive") => return Ok(None),
+        Some("disabled") => "low",
+        Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
+            Some(b) if b < 1024 => return Err(budget_error()),
+            Some(..2048) => "low",
+            Some(..4096) => "medium",
+            Some(_) => "high",
+            None => return Err(budget_error()),
+        },
+        _ => {
+            return Err(ApiError::bad_request(
+                "thinking.type must be enabled, disabled or adaptive",
+                Some("thinking.type"),
+            ))
+        }
+    };
+    Ok(Some(level.to_string()))
+}
+
+fn budget_error() -> ApiError {
+    ApiError::bad_request(
+        "thinking.budget_tokens must be an integer of at least 1024",
+        Some("thinking.budget_tokens"),
+    )
 }
 
 /// Text content: a string, or text blocks (joined by blank lines).
@@ -506,4 +550,26 @@ fn message_object(id: &str, model: &str, c: &Choice) -> Value {
         "stop_sequence": sequence,
         "usage": usage(&c.usage),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinking_budgets_become_efforts() {
+        // `None`: refused; `Some(None)`: the template's default.
+        let effort = |t: Value| thinking_effort(Some(&t)).ok();
+        let level = |l: &str| Some(Some(l.to_string()));
+        let enabled = |n: u64| effort(json!({"type": "enabled", "budget_tokens": n}));
+        assert_eq!(enabled(1024), level("low"));
+        assert_eq!(enabled(2048), level("medium"));
+        assert_eq!(enabled(4095), level("medium"));
+        assert_eq!(enabled(31999), level("high"));
+        assert_eq!(enabled(1023), None);
+        assert_eq!(effort(json!({"type": "disabled"})), level("low"));
+        assert_eq!(effort(json!({"type": "adaptive"})), Some(None));
+        assert_eq!(effort(json!({"type": "on"})), None);
+        assert!(thinking_effort(None).unwrap().is_none());
+    }
 }

@@ -2,15 +2,18 @@
 //! text as it is released, read in the model's `ReplyFormat` by `tools::ReplyStream` (content,
 //! the model's reasoning when it writes it apart, as gpt-oss's harmony does, and function calls:
 //! `<tool_call>` blocks are held back from the first one on and parsed at the end; harmony's
-//! markers never reach the client), and each choice's end with its token counts. The chat and
+//! markers never reach the client), the log-probabilities of the content's tokens alone
+//! (`engine::ContentLogprobs`: not those of a format's markup, the reasoning or the calls), and
+//! each choice's end with its token counts. The chat and
 //! text completions, the Responses API and the Messages API all read their output through
 //! `Outputs`, streamed (`next`) or whole (`collect`); none of them reads the engine's events or
 //! parses the model's text itself.
 
 use crate::scheduler::Event;
 use crate::tools::{Delta, ReplyFormat, ReplyStream};
-use engine::{FinishReason, TokenLogprob};
+use engine::{ContentLogprobs, FinishReason, LoadedModel, TokenLogprob};
 use serde_json::Value;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// A function call the model made.
@@ -120,8 +123,12 @@ fn pieces(index: usize, deltas: Vec<Delta>, logprobs: Vec<TokenLogprob>) -> Vec<
 /// The output of one request of `n` choices, read from its engine events.
 pub(super) struct Outputs {
     rx: mpsc::UnboundedReceiver<Event>,
-    /// Per choice: its text read in the model's format.
+    /// Per choice: its text read in the model's format, and its log-probabilities kept to the
+    /// content's tokens (plain text is all content: its log-probabilities go out as they come).
     replies: Vec<ReplyStream>,
+    logprobs: Vec<ContentLogprobs>,
+    plain: bool,
+    lm: Arc<LoadedModel>,
     /// Call ids are this, the choice and the call's number.
     call_prefix: String,
     n: usize,
@@ -134,10 +141,14 @@ impl Outputs {
         n: usize,
         format: ReplyFormat,
         call_prefix: String,
+        lm: Arc<LoadedModel>,
     ) -> Self {
         Outputs {
             rx,
             replies: (0..n).map(|_| ReplyStream::new(format)).collect(),
+            logprobs: (0..n).map(|_| ContentLogprobs::default()).collect(),
+            plain: format == ReplyFormat::Text,
+            lm,
             call_prefix,
             n,
             finished: 0,
@@ -157,7 +168,11 @@ impl Outputs {
                 index,
                 text,
                 logprobs,
-            } => pieces(index, self.replies[index].push(&text), logprobs),
+            } => {
+                let deltas = self.replies[index].push(&text);
+                let logprobs = self.content_logprobs(index, logprobs, false);
+                pieces(index, deltas, logprobs)
+            }
             Event::Finished {
                 index,
                 reason,
@@ -179,7 +194,8 @@ impl Outputs {
                 };
                 let id_prefix = format!("{}-{index}", self.call_prefix);
                 let (rest, calls) = self.replies[index].finish(&id_prefix);
-                let mut out = pieces(index, rest, Vec::new());
+                let logprobs = self.content_logprobs(index, Vec::new(), true);
+                let mut out = pieces(index, rest, logprobs);
                 if !calls.is_empty() {
                     let calls = calls.iter().map(Call::from_openai).collect();
                     out.push(Piece::Calls { index, calls });
@@ -194,6 +210,23 @@ impl Outputs {
             }
             Event::Failed(m) => vec![Piece::Failed(m)],
         })
+    }
+
+    /// Of choice `index`'s log-probabilities so far (`new` the latest), those of its content's
+    /// tokens that are decided (`end`: all, the choice has finished).
+    fn content_logprobs(
+        &mut self,
+        index: usize,
+        new: Vec<TokenLogprob>,
+        end: bool,
+    ) -> Vec<TokenLogprob> {
+        if self.plain {
+            return new;
+        }
+        let lps = &mut self.logprobs[index];
+        lps.push(new, &self.lm.tokenizer);
+        let (decided, content) = self.replies[index].take_content();
+        lps.take(if end { usize::MAX } else { decided }, content)
     }
 
     /// The one choice of a request of one (the Responses and Messages APIs), whole.

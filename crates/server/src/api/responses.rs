@@ -144,7 +144,13 @@ async fn answer(
     let valid = validate::chat(state, conv, settings, NAMES).await?;
     let reply = valid.reply;
     let rx = submit(state, tenant, valid)?;
-    let outputs = Outputs::new(rx, 1, reply, format!("call_{}", &echo.id[5..]));
+    let outputs = Outputs::new(
+        rx,
+        1,
+        reply,
+        format!("call_{}", &echo.id[5..]),
+        state.lm.clone(),
+    );
     if stream {
         return Ok(
             super::responses_stream::stream(state.clone(), tenant, echo, outputs).into_response(),

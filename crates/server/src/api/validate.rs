@@ -144,7 +144,8 @@ pub(super) fn render(
 }
 
 /// Checks a chat request: the conversation rendered and tokenized, then its settings; a forced
-/// tool call becomes the output's grammar.
+/// tool call becomes the output's grammar, and structured output the grammar of the reply's
+/// content (`ReplyFormat::constrain`: in harmony, after any reasoning, in the final channel).
 pub(super) async fn chat(
     state: &Arc<AppState>,
     conv: Conversation,
@@ -170,6 +171,16 @@ pub(super) async fn chat(
         let format = ResponseFormat::Lark { grammar };
         check_grammar(state, &format, names.tools)?;
         config.response_format = format;
+    } else {
+        // The content must be the answer: in harmony it goes in the final channel.
+        let field = settings.format_field;
+        let format = reply
+            .constrain(config.response_format.clone())
+            .map_err(|e| ApiError::bad_request(format!("{field}: {e}"), Some(field)))?;
+        if format != config.response_format {
+            check_grammar(state, &format, field)?;
+            config.response_format = format;
+        }
     }
     Ok(valid(&settings, ids, config, reply))
 }

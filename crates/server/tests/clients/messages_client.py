@@ -63,6 +63,12 @@ def text_mode():
     assert j.stop_reason == "end_turn", j
     assert isinstance(json.loads(j.content[0].text)["city"], str), j
 
+    # Extended thinking is accepted; a model without reasoning levels answers as it would anyway.
+    plain = c.messages.create(model=model, max_tokens=2, messages=ask, extra_body={"temperature": 0})
+    for thinking in [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}]:
+        t = c.messages.create(model=model, max_tokens=2, messages=ask, thinking=thinking, extra_body={"temperature": 0})
+        assert [b.type for b in t.content] == ["text"] and t.content[0].text == plain.content[0].text, (t, plain)
+
     # A conversation with a system prompt as blocks and an assistant turn.
     m2 = c.messages.create(model=model, max_tokens=8, extra_body={"temperature": 0}, system=[{"type": "text", "text": "You are terse."}],
                            messages=ask + [{"role": "assistant", "content": [{"type": "text", "text": text}]},
@@ -71,7 +77,7 @@ def text_mode():
 
     for body, needle in [({"messages": ask}, "max_tokens"),
                          ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
-                         ({"max_tokens": 5, "messages": ask, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+                         ({"max_tokens": 5, "messages": ask, "thinking": {"type": "enabled", "budget_tokens": 100}}, "budget_tokens"),
                          ({"max_tokens": 5, "messages": ask, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]")]:
         try:
             c.post("/v1/messages", cast_to=Message, body=dict(body, model=model))
