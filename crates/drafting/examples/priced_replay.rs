@@ -152,8 +152,10 @@ fn main() {
         }
     }
     assert!(!files.is_empty(), "give a results.json");
-    let mut config = SpecConfig::default();
-    config.adaptive = !fixed;
+    let config = SpecConfig {
+        adaptive: !fixed,
+        ..SpecConfig::default()
+    };
     let mut by_category: BTreeMap<String, Sums> = BTreeMap::new();
     let mut all = Sums::default();
     for f in &files {
