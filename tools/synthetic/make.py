@@ -490,6 +490,8 @@ def main() -> None:
     ap.add_argument("--check-only", action="store_true", help="only check an existing --out file")
     a = ap.parse_args()
     p = PRESETS[a.preset]
+    if a.successor_head and a.preset != "qwen3-30b-a3b":
+        ap.error("--successor-head needs the qwen3-30b-a3b preset (its tokenizer is the real one)")
     if not a.check_only:
         layers = a.layers or p.default_layers
         assert 1 <= layers <= p.full_layers, layers
