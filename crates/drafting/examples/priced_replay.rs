@@ -4,8 +4,8 @@
 //! cargo run --release -p pld-drafting --example priced_replay -- [--costs C1,C2,...] [--prior-price P] [--fixed] RESULTS.json
 //! ```
 //!
-//! `RESULTS.json` is what `pld bench run --out` writes (`rows[].turns[]` with `prompt_ids` and
-//! `output_ids`). Each turn goes through the engine's drafter as `pld`'s own decoder drives it
+//! `RESULTS.json` is what `pld bench run --out` writes (or `tools/vllm/compare.py`; see
+//! `traces::load`). Each turn goes through the engine's drafter as `pld`'s own decoder drives it
 //! (the default `SpecConfig`: adaptive chains, K = 8): each step it proposes, the longest prefix
 //! equal to the recorded output is accepted, plus the model's own token, and the drafter is told
 //! what the pass cost. A pass over r rows costs `C_r` times a one-row pass (`--costs`, rows 1, 2,
@@ -21,13 +21,9 @@
 use std::collections::BTreeMap;
 
 use drafting::{Drafter, SpecConfig};
-use serde_json::Value;
+use traces::{load, Row};
 
-struct Turn {
-    category: String,
-    prompt: Vec<u32>,
-    output: Vec<u32>,
-}
+mod traces;
 
 #[derive(Default, Clone, Copy)]
 struct Sums {
@@ -50,31 +46,6 @@ impl Sums {
     }
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    let list = v.as_array().expect("a list of token ids");
-    list.iter()
-        .map(|x| x.as_u64().expect("a token id") as u32)
-        .collect()
-}
-
-fn load(path: &str) -> Vec<Turn> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let rows = v["rows"].as_array().expect("bench run's rows[]");
-    let mut turns = Vec::new();
-    for r in rows {
-        let category = r["category"].as_str().unwrap_or("all").to_owned();
-        for t in r["turns"].as_array().expect("turns") {
-            turns.push(Turn {
-                category: category.clone(),
-                prompt: ids(&t["prompt_ids"]),
-                output: ids(&t["output_ids"]),
-            });
-        }
-    }
-    turns
-}
-
 /// The cost of a pass over `rows` rows, in one-row passes.
 fn pass_cost(costs: &[f64], rows: usize) -> f64 {
     match costs.get(rows - 1) {
@@ -91,37 +62,23 @@ fn pass_cost(costs: &[f64], rows: usize) -> f64 {
     }
 }
 
-fn replay(turn: &Turn, config: &SpecConfig, costs: &[f64], prior: f64) -> Sums {
-    let mut drafter = Drafter::new(config, &turn.prompt).with_prior_price(prior);
+fn replay(row: &Row, config: &SpecConfig, costs: &[f64], prior: f64) -> Sums {
+    let mut drafter = Drafter::new(config, &row.prompt).with_prior_price(prior);
     let k = config.num_speculative_tokens;
     let mut s = Sums {
         turns: 1,
         ..Sums::default()
     };
-    let out = &turn.output;
     let mut n = 0;
-    let mut path = Vec::with_capacity(k);
-    while n < out.len() {
-        let draft = drafter.propose(k, None).tokens().to_vec();
-        let accepted = draft
-            .iter()
-            .zip(&out[n..])
-            .take_while(|(a, b)| a == b)
-            .count();
-        let new = (accepted + 1).min(out.len() - n);
-        path.clear();
-        path.extend(0..accepted.min(new - 1));
-        drafter.observe(&path);
-        let cost = pass_cost(costs, 1 + draft.len());
-        drafter.observe_cost(1 + draft.len(), cost);
-        for &t in &out[n..n + new] {
-            drafter.push(t);
-        }
-        n += new;
+    while n < row.output.len() {
+        let step = traces::step(&mut drafter, k, &row.output[n..]);
+        let cost = pass_cost(costs, 1 + step.drafted);
+        drafter.observe_cost(1 + step.drafted, cost);
+        n += step.produced;
         s.steps += 1;
-        s.drafted += draft.len();
-        s.accepted += accepted.min(new - 1);
-        s.produced += new;
+        s.drafted += step.drafted;
+        s.accepted += step.matched.min(step.produced - 1);
+        s.produced += step.produced;
         s.cost += cost;
     }
     s

@@ -32,12 +32,9 @@ use std::sync::{Arc, Mutex};
 
 use drafting::{Corpus, Drafter, MatchPolicy, ScoreParams, SpecConfig, DEFAULT_CORPUS_TOKENS};
 use serde_json::{json, Value};
+use traces::{load, Row};
 
-struct Row {
-    category: String,
-    prompt: Vec<u32>,
-    output: Vec<u32>,
-}
+mod traces;
 
 #[derive(Default, Clone, Copy)]
 struct Counts {
@@ -58,54 +55,6 @@ impl Counts {
     }
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("a list of token ids")
-        .iter()
-        .map(|x| x.as_u64().expect("a token id") as u32)
-        .collect()
-}
-
-fn load(path: &str) -> Vec<Row> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut rows = Vec::new();
-    if let Some(list) = v.get("rows").and_then(Value::as_array) {
-        for r in list {
-            let category = r["category"].as_str().unwrap_or("all").to_owned();
-            for t in r["turns"].as_array().expect("turns") {
-                rows.push(Row {
-                    category: category.clone(),
-                    prompt: ids(&t["prompt_ids"]),
-                    output: ids(&t["output_ids"]),
-                });
-            }
-        }
-        return rows;
-    }
-    let runs = v["runs"].as_array().expect("compare.py's runs");
-    let greedy = runs
-        .iter()
-        .find(|r| r["drafter"] == "none")
-        .expect("a plain greedy run");
-    let outputs = greedy["outputs"].as_array().expect("outputs");
-    for (p, out) in v["prompts"]
-        .as_array()
-        .expect("prompts")
-        .iter()
-        .zip(outputs)
-    {
-        let file = p["file"].as_str().unwrap_or_default();
-        let prefix = file.split('-').next().unwrap_or_default();
-        rows.push(Row {
-            category: format!("{prefix}/{}", p["category"].as_str().unwrap_or_default()),
-            prompt: ids(&p["prompt_ids"]),
-            output: ids(out),
-        });
-    }
-    rows
-}
-
 /// One row, as `vllm_ngram.py`'s `replay` drives the Proposer.
 fn replay(row: &Row, config: &SpecConfig, setup: &dyn Fn(&mut Drafter)) -> Counts {
     let truth: Vec<u32> = row.prompt.iter().chain(&row.output).copied().collect();
@@ -117,26 +66,13 @@ fn replay(row: &Row, config: &SpecConfig, setup: &dyn Fn(&mut Drafter)) -> Count
         rows: 1,
         ..Counts::default()
     };
-    let mut path = Vec::with_capacity(k);
     while n < truth.len() {
-        let draft = drafter.propose(k, None).tokens().to_vec();
-        let accepted = draft
-            .iter()
-            .zip(&truth[n..])
-            .take_while(|(a, b)| a == b)
-            .count();
-        let new = (accepted + 1).min(truth.len() - n);
-        path.clear();
-        path.extend(0..accepted.min(new - 1));
-        drafter.observe(&path);
-        for &t in &truth[n..n + new] {
-            drafter.push(t);
-        }
-        n += new;
+        let step = traces::step(&mut drafter, k, &truth[n..]);
+        n += step.produced;
         c.steps += 1;
-        c.drafted += draft.len();
-        c.accepted += accepted;
-        c.produced += new;
+        c.drafted += step.drafted;
+        c.accepted += step.matched;
+        c.produced += step.produced;
     }
     c
 }
