@@ -1,7 +1,7 @@
 //! What adaptive drafting gains at a given cost of a pass, replayed on recorded greedy outputs.
 //!
 //! ```text
-//! cargo run --release -p pld-drafting --example priced_replay -- [--costs C1,C2,...] [--prior-price P] [--fixed] RESULTS.json
+//! cargo run --release -p pld-drafting --example priced_replay -- [--costs C1,C2,...] [--prior-price P] [--fixed] [--policy P] RESULTS.json
 //! ```
 //!
 //! `RESULTS.json` is what `pld bench run --out` writes (or `tools/vllm/compare.py`; see
@@ -11,7 +11,8 @@
 //! what the pass cost. A pass over r rows costs `C_r` times a one-row pass (`--costs`, rows 1, 2,
 //! ...; past the list the last step is extended linearly; default `1,1.1`: a dense model's price
 //! of 0.1 a row). `--prior-price` is the drafter's starting price (`Model::draft_price_prior`;
-//! default 0.1). `--fixed` sends every proposed token (`--fixed-draft`).
+//! default 0.1). `--fixed` sends every proposed token (`--fixed-draft`). `--policy` is the match
+//! policy (`--match-policy`; default the engine's, `recent`).
 //!
 //! Per category: steps, drafted and accepted tokens, and the speedup: output tokens over the
 //! summed cost of the passes, against plain decoding's one token per one-row pass. Under greedy
@@ -20,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use drafting::{Drafter, SpecConfig};
+use drafting::{Drafter, MatchPolicy, SpecConfig};
 use traces::{load, Row};
 
 mod traces;
@@ -88,6 +89,7 @@ fn main() {
     let mut costs = vec![1.0, 1.1];
     let mut prior = 0.1;
     let mut fixed = false;
+    let mut policy = SpecConfig::default().match_policy;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -105,12 +107,19 @@ fn main() {
             }
             "--prior-price" => prior = args.next().expect("a price").parse().expect("a number"),
             "--fixed" => fixed = true,
+            "--policy" => {
+                let name = args.next().expect("--policy NAME");
+                policy = name
+                    .parse::<MatchPolicy>()
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
             f => files.push(f.to_owned()),
         }
     }
     assert!(!files.is_empty(), "give a results.json");
     let config = SpecConfig {
         adaptive: !fixed,
+        match_policy: policy,
         ..SpecConfig::default()
     };
     let mut by_category: BTreeMap<String, Sums> = BTreeMap::new();
@@ -123,7 +132,7 @@ fn main() {
         }
     }
     println!(
-        "costs {costs:?}, prior price {prior}, {}",
+        "costs {costs:?}, prior price {prior}, {}, {policy}",
         if fixed { "fixed drafts" } else { "adaptive" }
     );
     println!("| category | turns | steps | drafted | accepted | tokens per step | speedup |");

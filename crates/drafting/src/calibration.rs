@@ -35,11 +35,13 @@ pub(crate) fn band(agreed: f64) -> u8 {
     }
 }
 
-/// What the walk estimated for one drafted token before calibration, and its band.
+/// What the walk estimated for one drafted token before calibration, and its band; and, after
+/// calibration, the estimated probability that the draft is accepted up to and including it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Estimate {
     pub(crate) band: u8,
     pub(crate) p: f32,
+    pub(crate) path: f32,
 }
 
 /// One sequence's calibrating sums.
@@ -100,7 +102,14 @@ mod tests {
     use super::*;
 
     fn estimates(p: f32, n: usize) -> Vec<Estimate> {
-        vec![Estimate { band: 2, p }; n]
+        vec![
+            Estimate {
+                band: 2,
+                p,
+                path: p
+            };
+            n
+        ]
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub struct Drafter {
     /// the current chain's tokens.
     calibration: Calibration,
     estimates: Vec<Estimate>,
+    /// Scratch: the current chain's estimated probabilities of acceptance up to each token.
+    paths: Vec<f64>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
     predictions: SharedPredictions,
     corpus: Option<SharedCorpus>,
@@ -242,6 +244,7 @@ impl Drafter {
             classes: Vec::new(),
             calibration: Calibration::new(),
             estimates: Vec::new(),
+            paths: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             corpus: None,
             rates: TreeRates::new(),
@@ -387,7 +390,17 @@ impl Drafter {
         if let Some(n) = found {
             self.draft_match = n;
             if self.config.adaptive {
-                let keep = self.length.choose_at_price(price, n, self.chain.len());
+                // An evidence-sized chain knows each token's estimate; other chains use the
+                // acceptance measured for matches of this size.
+                let keep = if !self.estimates.is_empty() {
+                    debug_assert_eq!(self.estimates.len(), self.chain.len());
+                    self.paths.clear();
+                    self.paths
+                        .extend(self.estimates.iter().map(|e| f64::from(e.path)));
+                    self.length.choose_from_paths(price, n, &self.paths)
+                } else {
+                    self.length.choose_at_price(price, n, self.chain.len())
+                };
                 self.chain.truncate(keep);
                 self.estimates.truncate(keep);
             }

@@ -110,6 +110,7 @@ impl Walks<'_, '_> {
             estimates.push(Estimate {
                 band: band(agreed),
                 p: raw as f32,
+                path: p as f32,
             });
             alive = next;
             alive_len = agree;

@@ -83,6 +83,28 @@ impl Probes {
     }
 }
 
+/// The draft length that maximizes expected tokens per unit of pass cost at `price` a row, where
+/// `paths` gives, for each drafted token in order, the probability that it and every token before
+/// it are accepted; 0 when no length promises a clear gain.
+fn best_prefix(price: f64, paths: impl Iterator<Item = f64>) -> usize {
+    let price = price.max(0.0);
+    let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
+    let mut expected = 1.0; // the model's own token, plus the drafted ones expected to land
+    for (i, p) in paths.enumerate() {
+        expected += p;
+        let rate = expected / (1.0 + price * (i + 1) as f64);
+        if rate > best.0 {
+            best = (rate, i + 1);
+        }
+    }
+    // A draft must promise a clear gain: estimates and costs are noisy, and a marginal draft
+    // risks a loss for almost nothing.
+    if best.0 < 1.0 + MIN_GAIN {
+        return 0;
+    }
+    best.1
+}
+
 /// Chooses draft lengths from acceptance estimates per n-gram size and the price of a row.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
@@ -136,6 +158,17 @@ impl DraftLength {
         }
     }
 
+    /// `choose_at_price` for a draft whose own estimates are known: `paths[i]` is the estimated
+    /// probability that its first `i + 1` tokens are all accepted (an evidence-sized chain), so
+    /// the expected tokens of a draft of `k` are `1 + paths[0] + ... + paths[k - 1]`. `n` is the
+    /// size of the match behind it, for the probe.
+    pub fn choose_from_paths(&self, price: f64, n: usize, paths: &[f64]) -> usize {
+        match best_prefix(price, paths.iter().copied()) {
+            0 if self.probes.due() && n >= 2 => paths.len().min(1),
+            k => k,
+        }
+    }
+
     /// The number of drafted tokens (at most `available`) that maximizes expected tokens per unit
     /// of pass cost, for a match of size `n`.
     pub fn best_length(&self, n: usize, available: usize) -> usize {
@@ -143,25 +176,15 @@ impl DraftLength {
     }
 
     fn best_length_at_price(&self, price: f64, n: usize, available: usize) -> usize {
-        let price = price.max(0.0);
         let a = self.acceptance(n).min(0.999);
-        let mut best = (1.0, 0usize); // no draft: one token for one unit of cost
-        let mut power = a; // a^(k)
-        let mut expected = 1.0; // sum_{i<=k} a^i
-        for k in 1..=available {
-            expected += power;
-            power *= a;
-            let rate = expected / (1.0 + price * k as f64);
-            if rate > best.0 {
-                best = (rate, k);
-            }
-        }
-        // A draft must promise a clear gain: estimates and costs are noisy, and a marginal
-        // draft risks a loss for almost nothing.
-        if best.0 < 1.0 + MIN_GAIN {
-            return 0;
-        }
-        best.1
+        // Token i (from 1) is accepted with the whole prefix before it: a^i.
+        best_prefix(
+            price,
+            (1..=available).scan(1.0, |power, _| {
+                *power *= a;
+                Some(*power)
+            }),
+        )
     }
 
     /// Records a verified draft: `drafted` tokens from a match of size `n`, of which the first
@@ -217,6 +240,26 @@ mod tests {
         assert!(c.acceptance(1) < 0.1);
         assert_eq!(c.choose(3, 8), 8);
         assert_eq!(c.choose(1, 8), 0);
+    }
+
+    #[test]
+    fn a_draft_with_its_own_estimates_is_cut_where_it_stops_paying() {
+        let c = DraftLength::new(0.1);
+        // Tokens 1-2 very likely, then unlikely: rates 1.73, 2.25, 2.15, 2.02 at 0.1 a row.
+        let paths = [0.9, 0.8, 0.1, 0.05];
+        assert_eq!(c.choose_from_paths(0.1, 3, &paths), 2);
+        // Free rows: everything with any chance goes.
+        assert_eq!(c.choose_from_paths(0.0, 3, &paths), 4);
+        // A row costing a whole token never pays (and no probe is due yet).
+        assert_eq!(c.choose_from_paths(1.0, 3, &paths), 0);
+        // The estimates decide, not the acceptance learned per n-gram size: a copy whose tokens
+        // are all near certain is sent whole after drafts of this size kept failing.
+        let mut c = DraftLength::new(0.1);
+        for _ in 0..30 {
+            c.observe(3, 8, 0);
+        }
+        assert_eq!(c.choose_at_price(0.1, 3, 8), 0);
+        assert_eq!(c.choose_from_paths(0.1, 3, &[0.97; 8]), 8);
     }
 
     #[test]

@@ -287,6 +287,35 @@ fn calibration_follows_the_sequence_s_own_drafts() {
 }
 
 #[test]
+fn adaptive_evidence_chains_are_sized_by_their_own_estimates_and_the_price() {
+    let c = SpecConfig {
+        match_policy: MatchPolicy::Evidence,
+        ..config(8, true)
+    };
+    // A long copy in progress: the last 9 tokens occurred before (each token about 0.8 once
+    // the ones before it land), so a long draft pays at a dense model's price, a shorter one at
+    // a higher price.
+    let copy: Vec<u32> = (1..=20).chain(1..=9).collect();
+    let mut d = Drafter::new(&c, &copy);
+    let long = d.propose(8, Some(0.1)).tokens().to_vec();
+    assert!(
+        long.len() >= 6 && long[..6] == [10, 11, 12, 13, 14, 15],
+        "{long:?}"
+    );
+    let short = d.propose(8, Some(0.3)).len();
+    assert!(short >= 1 && short < long.len(), "{short}");
+    // A lone 1-token match (about 0.3 for its first token): at 0.1 a row a short draft pays, at
+    // 0.6 a row (a mixture of experts) none does, and a 1-token match is never probed.
+    let mut d = Drafter::new(&c, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]);
+    let cheap = d.propose(8, Some(0.1)).len();
+    assert!((1..=3).contains(&cheap), "{cheap}");
+    for _ in 0..40 {
+        assert!(d.propose(8, Some(0.6)).is_empty());
+        d.observe(&[]);
+    }
+}
+
+#[test]
 fn invalid_settings_are_refused() {
     let mut c = config(4, true);
     c.prompt_lookup_min = 5;
