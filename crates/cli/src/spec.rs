@@ -21,7 +21,8 @@ pub struct SpecArgs {
     pub prompt_lookup_min: Option<usize>,
     /// Which earlier occurrence to copy from: recent, earliest, longest, scored (every earlier
     /// occurrence of the longest match, by how often and how recently each continuation followed),
-    /// or evidence (scored, each draft cut where its estimated chance of acceptance runs low).
+    /// or evidence (the default: scored, each draft cut where its estimated chance of acceptance
+    /// stops paying for the rows it adds).
     #[arg(long, value_name = "POLICY")]
     pub match_policy: Option<MatchPolicy>,
     /// Always send all K proposed tokens (or tree nodes), instead of as many as are expected to

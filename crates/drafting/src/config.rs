@@ -7,7 +7,8 @@ use std::str::FromStr;
 /// Largest n-gram size an [`NgramConfig`] may ask for.
 pub const MAX_NGRAM: usize = 16;
 
-/// Which earlier occurrence of the suffix n-gram supplies the draft.
+/// Which earlier occurrence of the suffix n-gram supplies the draft. The index's default is
+/// `Recent`; speculation's is [`DEFAULT_MATCH_POLICY`](crate::DEFAULT_MATCH_POLICY).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum MatchPolicy {
     /// The most recent earlier occurrence.

@@ -67,9 +67,9 @@ pub use predictions::PredictionTable;
 pub use scan::propose_by_scan;
 pub use scored::{ScoreParams, EVIDENCE_MIN_TOKEN_PROBABILITY, MAX_SCORED_OCCURRENCES};
 pub use spec_config::{
-    SpecConfig, SpecError, SpecMethod, SpecOverrides, TreeSources, DEFAULT_NUM_SPECULATIVE_TOKENS,
-    DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_TREE_MAX_NODES,
-    DEFAULT_TREE_TOP_K, MAX_TREE_TOP_K, METHODS,
+    SpecConfig, SpecError, SpecMethod, SpecOverrides, TreeSources, DEFAULT_MATCH_POLICY,
+    DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN,
+    DEFAULT_TREE_MAX_NODES, DEFAULT_TREE_TOP_K, MAX_TREE_TOP_K, METHODS,
 };
 pub use tree::{pass_row, path_rows, DraftTree, Source, ROOT};
 

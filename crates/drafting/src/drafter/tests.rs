@@ -3,11 +3,14 @@
 use super::*;
 use crate::config::MatchPolicy;
 
+/// One chain from the most recent occurrence (not the default `Evidence`): most tests here are
+/// of the per-n-gram length estimate, which evidence-sized chains do not use.
 fn config(k: usize, adaptive: bool) -> SpecConfig {
     SpecConfig {
         num_speculative_tokens: k,
         prompt_lookup_max: 3,
         prompt_lookup_min: 1,
+        match_policy: MatchPolicy::Recent,
         adaptive,
         ..Default::default()
     }
@@ -45,6 +48,22 @@ fn outcomes_steer_later_drafts() {
     // A price no draft can pay sends nothing but probes, even for a perfect match.
     let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]);
     assert!(e.propose(8, Some(5.0)).len() <= 1);
+    // Evidence sizing, the default, sends nothing here from the start: every earlier `7` was
+    // followed by something else, so no continuation has the evidence to pay for its row.
+    let c = SpecConfig {
+        match_policy: MatchPolicy::Evidence,
+        ..config(8, true)
+    };
+    assert_eq!(SpecConfig::default().match_policy, MatchPolicy::Evidence);
+    let mut d = Drafter::new(&c, &[7, 1, 7, 2, 7, 3, 7]);
+    let mut sent = 0;
+    for t in 0..200u32 {
+        sent += d.propose(8, Some(0.1)).len();
+        d.observe(&[]);
+        d.push(100 + t);
+        d.push(7);
+    }
+    assert!(sent < 10, "{sent} tokens sent");
 }
 
 #[test]

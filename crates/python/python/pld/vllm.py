@@ -15,7 +15,7 @@ step with the rows of its persistent batch: the tokens each row accepted this st
 length, and the batch's token array. It names the class in `speculative_config["model"]` and sets
 `prompt_lookup_min/max` to 0 for a custom class, so pld's own settings go in
 `additional_config["pld"]` (vLLM's names: `prompt_lookup_min`, `prompt_lookup_max`,
-`match_policy` (`evidence`, the default here, `scored`, `recent`, pld's own default, `earliest`,
+`match_policy` (`evidence`, the default, `scored`, `recent`, `earliest`,
 `longest`: see `MatchPolicy` in the drafting crate), `adaptive`, which is off by default here: on
 a GPU a drafted row is nearly free), and the proposer's own `corpus_tokens` (below); K is vLLM's
 `num_speculative_tokens`.
