@@ -10,7 +10,9 @@ import pytest
 from pld.drafting import Corpus, Drafter
 from pld.vllm import Proposer
 
-FIXED = {"num_speculative_tokens": 4, "adaptive": False, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# The most recent occurrence (the default is `evidence`), full-length drafts.
+FIXED = {"num_speculative_tokens": 4, "adaptive": False, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+         "match_policy": "recent"}
 
 
 def test_a_draft_copies_what_followed_the_latest_match():

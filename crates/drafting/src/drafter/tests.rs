@@ -30,31 +30,13 @@ fn proposes_what_followed_and_respects_the_limit() {
     );
 }
 
-#[test]
-fn outcomes_steer_later_drafts() {
-    // A sequence whose repeats never continue the same way: every draft is rejected.
-    let mut d = Drafter::new(&config(8, true), &[7, 1, 7, 2, 7, 3, 7]);
-    let mut sent = 0;
-    for t in 0..200u32 {
-        sent += d.propose(8, Some(0.1)).len();
-        d.observe(&[]);
-        d.push(100 + t);
-        d.push(7);
-    }
-    // Rejections switch drafting off except for the occasional one-token probe.
-    assert!(sent < 40, "{sent} tokens sent");
-    assert!(d.length().acceptance(1) < 0.4);
-    assert_eq!(d.length().best_length(1, 8), 0, "no draft pays any more");
-    // A price no draft can pay sends nothing but probes, even for a perfect match.
-    let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]);
-    assert!(e.propose(8, Some(5.0)).len() <= 1);
-    // Evidence sizing, the default, sends nothing here from the start: every earlier `7` was
-    // followed by something else, so no continuation has the evidence to pay for its row.
+/// Drafts 200 times on a sequence whose repeats never continue the same way (every draft is
+/// rejected); returns the drafter and how many tokens it sent.
+fn draft_on_repeats_that_never_continue(policy: MatchPolicy) -> (Drafter, usize) {
     let c = SpecConfig {
-        match_policy: MatchPolicy::Evidence,
+        match_policy: policy,
         ..config(8, true)
     };
-    assert_eq!(SpecConfig::default().match_policy, MatchPolicy::Evidence);
     let mut d = Drafter::new(&c, &[7, 1, 7, 2, 7, 3, 7]);
     let mut sent = 0;
     for t in 0..200u32 {
@@ -63,6 +45,23 @@ fn outcomes_steer_later_drafts() {
         d.push(100 + t);
         d.push(7);
     }
+    (d, sent)
+}
+
+#[test]
+fn outcomes_steer_later_drafts() {
+    // Rejections switch drafting off except for the occasional one-token probe.
+    let (d, sent) = draft_on_repeats_that_never_continue(MatchPolicy::Recent);
+    assert!(sent < 40, "{sent} tokens sent");
+    assert!(d.length().acceptance(1) < 0.4);
+    assert_eq!(d.length().best_length(1, 8), 0, "no draft pays any more");
+    // A price no draft can pay sends nothing but probes, even for a perfect match.
+    let mut e = Drafter::new(&config(8, true), &[1, 2, 3, 4, 5, 1, 2]);
+    assert!(e.propose(8, Some(5.0)).len() <= 1);
+    // Evidence sizing, the default, sends almost nothing here from the start: every earlier `7`
+    // was followed by something else, so no continuation has the evidence to pay for its row.
+    assert_eq!(SpecConfig::default().match_policy, MatchPolicy::Evidence);
+    let (_, sent) = draft_on_repeats_that_never_continue(MatchPolicy::Evidence);
     assert!(sent < 10, "{sent} tokens sent");
 }
 
