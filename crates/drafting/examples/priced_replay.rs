@@ -12,7 +12,7 @@
 //! ...; past the list the last step is extended linearly; default `1,1.1`: a dense model's price
 //! of 0.1 a row). `--prior-price` is the drafter's starting price (`Model::draft_price_prior`;
 //! default 0.1). `--fixed` sends every proposed token (`--fixed-draft`). `--policy` is the match
-//! policy (`--match-policy`; default the engine's, `recent`).
+//! policy (`--match-policy`; default the engine's, `evidence`).
 //!
 //! Per category: steps, drafted and accepted tokens, and the speedup: output tokens over the
 //! summed cost of the passes, against plain decoding's one token per one-row pass. Under greedy

@@ -209,8 +209,6 @@ pub struct Drafter {
     /// the current chain's tokens.
     calibration: Calibration,
     estimates: Vec<Estimate>,
-    /// Scratch: the current chain's estimated probabilities of acceptance up to each token.
-    paths: Vec<f64>,
     /// The model's earlier predictions: the sequence's own table, or its tenant's.
     predictions: SharedPredictions,
     corpus: Option<SharedCorpus>,
@@ -244,7 +242,6 @@ impl Drafter {
             classes: Vec::new(),
             calibration: Calibration::new(),
             estimates: Vec::new(),
-            paths: Vec::new(),
             predictions: Arc::new(Mutex::new(PredictionTable::new(config.tree_top_k))),
             corpus: None,
             rates: TreeRates::new(),
@@ -394,10 +391,8 @@ impl Drafter {
                 // acceptance measured for matches of this size.
                 let keep = if !self.estimates.is_empty() {
                     debug_assert_eq!(self.estimates.len(), self.chain.len());
-                    self.paths.clear();
-                    self.paths
-                        .extend(self.estimates.iter().map(|e| f64::from(e.path)));
-                    self.length.choose_from_paths(price, n, &self.paths)
+                    let paths = self.estimates.iter().map(|e| f64::from(e.path));
+                    self.length.choose_from_paths(price, n, paths)
                 } else {
                     self.length.choose_at_price(price, n, self.chain.len())
                 };

@@ -152,19 +152,28 @@ impl DraftLength {
     /// `choose` with the pass cost `price` given from outside (a scheduler that knows what a row
     /// costs in the current batch).
     pub fn choose_at_price(&self, price: f64, n: usize, available: usize) -> usize {
-        match self.best_length_at_price(price, n, available) {
-            0 if self.probes.due() && n >= 2 => available.min(1),
-            k => k,
-        }
+        self.or_probe(self.best_length_at_price(price, n, available), n, available)
     }
 
-    /// `choose_at_price` for a draft whose own estimates are known: `paths[i]` is the estimated
-    /// probability that its first `i + 1` tokens are all accepted (an evidence-sized chain), so
-    /// the expected tokens of a draft of `k` are `1 + paths[0] + ... + paths[k - 1]`. `n` is the
-    /// size of the match behind it, for the probe.
-    pub fn choose_from_paths(&self, price: f64, n: usize, paths: &[f64]) -> usize {
-        match best_prefix(price, paths.iter().copied()) {
-            0 if self.probes.due() && n >= 2 => paths.len().min(1),
+    /// `choose_at_price` for a draft whose own estimates are known: the `i`-th of `paths` is the
+    /// estimated probability that its first `i + 1` tokens are all accepted (an evidence-sized
+    /// chain), so the expected tokens of a draft of `k` are `1 + paths[0] + ... + paths[k - 1]`.
+    /// `n` is the size of the match behind it, for the probe.
+    pub fn choose_from_paths(
+        &self,
+        price: f64,
+        n: usize,
+        paths: impl ExactSizeIterator<Item = f64>,
+    ) -> usize {
+        let available = paths.len();
+        self.or_probe(best_prefix(price, paths), n, available)
+    }
+
+    /// `best`, or a one-token probe when `best` is no draft, a probe is due and the match is at
+    /// least two tokens long (see [`Probes`]).
+    fn or_probe(&self, best: usize, n: usize, available: usize) -> usize {
+        match best {
+            0 if self.probes.due() && n >= 2 => available.min(1),
             k => k,
         }
     }
@@ -247,11 +256,11 @@ mod tests {
         let c = DraftLength::new(0.1);
         // Tokens 1-2 very likely, then unlikely: rates 1.73, 2.25, 2.15, 2.02 at 0.1 a row.
         let paths = [0.9, 0.8, 0.1, 0.05];
-        assert_eq!(c.choose_from_paths(0.1, 3, &paths), 2);
+        assert_eq!(c.choose_from_paths(0.1, 3, paths.into_iter()), 2);
         // Free rows: everything with any chance goes.
-        assert_eq!(c.choose_from_paths(0.0, 3, &paths), 4);
+        assert_eq!(c.choose_from_paths(0.0, 3, paths.into_iter()), 4);
         // A row costing a whole token never pays (and no probe is due yet).
-        assert_eq!(c.choose_from_paths(1.0, 3, &paths), 0);
+        assert_eq!(c.choose_from_paths(1.0, 3, paths.into_iter()), 0);
         // The estimates decide, not the acceptance learned per n-gram size: a copy whose tokens
         // are all near certain is sent whole after drafts of this size kept failing.
         let mut c = DraftLength::new(0.1);
@@ -259,7 +268,7 @@ mod tests {
             c.observe(3, 8, 0);
         }
         assert_eq!(c.choose_at_price(0.1, 3, 8), 0);
-        assert_eq!(c.choose_from_paths(0.1, 3, &[0.97; 8]), 8);
+        assert_eq!(c.choose_from_paths(0.1, 3, [0.97; 8].into_iter()), 8);
     }
 
     #[test]
