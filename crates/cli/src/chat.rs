@@ -4,7 +4,7 @@
 //! `/stats` shows each answer's speculation figures. Ctrl-C stops an answer; Ctrl-C or Ctrl-D at
 //! the prompt ends the conversation.
 
-use crate::common::PrefixCacheArgs;
+use crate::common::PrefixCacheDirArgs;
 use crate::spec::SpecArgs;
 use clap::Args;
 use engine::{
@@ -45,7 +45,7 @@ pub struct ChatArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     #[command(flatten)]
-    pub prefix_cache: PrefixCacheArgs,
+    pub prefix_cache: PrefixCacheDirArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -98,7 +98,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let mut chat = Chat {
-        prefix: PrefixCache::new(lm.model.kv_shape(), a.prefix_cache.budget()),
+        prefix: a.prefix_cache.open(&lm)?,
         lm,
         config,
         ctx,

@@ -134,10 +134,44 @@ pub struct PrefixCacheArgs {
     pub prefix_cache_bytes: Option<usize>,
 }
 
+/// The prefix cache's directory, for the commands whose cache lives past one process (`serve`,
+/// `chat`).
+#[derive(clap::Args, Debug)]
+pub struct PrefixCacheDirArgs {
+    #[command(flatten)]
+    pub memory: PrefixCacheArgs,
+    /// Also keep the prefix cache's blocks as files in this directory, so that a restarted
+    /// process starts from the prefixes the last one computed (checked on read; one process per
+    /// directory).
+    #[arg(long, value_name = "DIR")]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes the directory may hold (least recently used go first), as a number with an optional
+    /// K, M or G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, default_value = "16G")]
+    pub prefix_cache_dir_bytes: usize,
+}
+
 impl PrefixCacheArgs {
     pub fn budget(&self) -> usize {
         self.prefix_cache_bytes
             .unwrap_or_else(engine::prefix_cache::default_budget_bytes)
+    }
+}
+
+impl PrefixCacheDirArgs {
+    pub fn budget(&self) -> usize {
+        self.memory.budget()
+    }
+
+    /// The prefix cache these flags ask for, for `lm`'s keys and values.
+    pub fn open(&self, lm: &engine::LoadedModel) -> anyhow::Result<engine::PrefixCache> {
+        engine::PrefixCache::open(
+            &lm.path,
+            lm.model.kv_shape(),
+            self.budget(),
+            self.prefix_cache_dir.as_deref(),
+            self.prefix_cache_dir_bytes as u64,
+        )
     }
 }
 

@@ -59,10 +59,15 @@ pub struct ServeArgs {
     /// instead of answering 400.
     #[arg(long)]
     pub lenient: bool,
+    /// Keep the lines agents change between requests in their system prompts (Claude Code's
+    /// `x-anthropic-billing-header`), which are otherwise dropped before the chat template is
+    /// applied so that every session's identical preamble is read from the prefix cache.
+    #[arg(long)]
+    pub keep_volatile_lines: bool,
     #[arg(long)]
     pub threads: Option<usize>,
     #[command(flatten)]
-    pub prefix_cache: crate::common::PrefixCacheArgs,
+    pub prefix_cache: crate::common::PrefixCacheDirArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -97,6 +102,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_stored_responses: a.max_stored_responses,
         stored_responses_bytes: a.stored_responses_bytes,
         record_requests: a.record_requests.clone(),
+        keep_volatile_lines: a.keep_volatile_lines,
+        prefix_cache_dir: a.prefix_cache.prefix_cache_dir.clone(),
+        prefix_cache_dir_bytes: a.prefix_cache.prefix_cache_dir_bytes as u64,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

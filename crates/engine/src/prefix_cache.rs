@@ -19,12 +19,21 @@
 //! Namespaces keep tenants apart: a lookup sees only blocks inserted under its own namespace (a
 //! shared cache would tell one API key, through timing, what another sent).
 //!
+//! With a directory (`with_disk`, `--prefix-cache-dir`) every block is also written to a file
+//! there (`disk`), named by a hash of the same chain, so a lookup continues from disk where memory
+//! ends, and a restarted process starts from the prefixes of the one before.
+//!
 //! Rows do not depend on the pass that computed them (the kernels give a row the same bits alone
 //! or in a batch, prefill or decode), so a warm start gives exactly the tokens and logits of a
 //! cold one.
 
+mod disk;
+
 use crate::kv_cache::{KvCache, KvShape};
+use disk::BlockName;
+pub use disk::{model_key, DiskStats, DiskTier};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Positions per cached block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -42,6 +51,8 @@ pub struct PrefixCacheStats {
     pub inserted_blocks: u64,
     /// Blocks dropped to stay within the budget.
     pub evicted_blocks: u64,
+    /// Of the cached tokens, those read from the directory (`with_disk`).
+    pub disk_tokens: u64,
 }
 
 /// What finds a block: its namespace, the block before it and its tokens.
@@ -54,8 +65,10 @@ struct BlockKey {
 
 struct Block {
     key: BlockKey,
+    /// Its chain hash, the name of its file on disk.
+    hash: u128,
     /// The rows of its positions, as `KvCache::take_rows` lays them out.
-    rows: Box<[u8]>,
+    rows: Arc<[u8]>,
     /// Blocks chained to this one.
     children: usize,
     /// When it was last used (larger is more recent); its key in `by_age`.
@@ -74,6 +87,8 @@ pub struct PrefixCache {
     by_age: BTreeMap<u64, usize>,
     clock: u64,
     stats: PrefixCacheStats,
+    /// The blocks' files, if kept on disk too.
+    disk: Option<DiskTier>,
 }
 
 impl PrefixCache {
@@ -89,7 +104,51 @@ impl PrefixCache {
             by_age: BTreeMap::new(),
             clock: 0,
             stats: PrefixCacheStats::default(),
+            disk: None,
         }
+    }
+
+    /// This cache with its blocks also kept in `disk`'s directory, and looked up there where
+    /// memory has none.
+    pub fn with_disk(mut self, disk: DiskTier) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.disk.as_ref()
+    }
+
+    /// The model key that starts every chain hash: the disk tier's, 0 in memory alone.
+    fn model_key(&self) -> u128 {
+        self.disk.as_ref().map_or(0, DiskTier::model_key)
+    }
+
+    /// A cache of `budget_bytes` for the keys and values (of `shape`) of the model in
+    /// `model_path`, its blocks kept in `dir` too when one is given (at most `dir_bytes` there):
+    /// an error names what failed when the directory cannot be opened or is in use, or when the
+    /// memory budget is 0 (the directory is reached through memory).
+    pub fn open(
+        model_path: &std::path::Path,
+        shape: KvShape,
+        budget_bytes: usize,
+        dir: Option<&std::path::Path>,
+        dir_bytes: u64,
+    ) -> anyhow::Result<PrefixCache> {
+        let cache = PrefixCache::new(shape, budget_bytes);
+        let Some(dir) = dir else {
+            return Ok(cache);
+        };
+        if budget_bytes == 0 {
+            anyhow::bail!("a prefix cache directory needs the prefix cache on (its budget is 0)");
+        }
+        let key = model_key(model_path, shape).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read {} to key its cached blocks: {e}",
+                model_path.display()
+            )
+        })?;
+        Ok(cache.with_disk(DiskTier::open(dir, dir_bytes, key, shape)?))
     }
 
     /// Bytes one block's rows take.
@@ -128,13 +187,16 @@ impl PrefixCache {
         }
         self.stats.lookups += 1;
         let limit = limit.min(tokens.len()).min(cache.capacity());
-        let chain = self.find_chain(namespace, &tokens[..limit]);
+        let mut chain = self.find_chain(namespace, &tokens[..limit]);
         for (b, &id) in chain.iter().enumerate() {
             let rows = &self.block(id).rows;
             cache.put_rows(b * BLOCK_TOKENS, BLOCK_TOKENS, rows);
         }
+        let in_memory = chain.len();
+        let from_disk = self.lookup_disk(namespace, &tokens[..limit], &mut chain, cache);
         self.touch(&chain);
-        let found = chain.len() * BLOCK_TOKENS;
+        let found = (in_memory + from_disk) * BLOCK_TOKENS;
+        self.stats.disk_tokens += (from_disk * BLOCK_TOKENS) as u64;
         if found > 0 {
             self.stats.hits += 1;
             self.stats.cached_tokens += found as u64;
@@ -165,12 +227,66 @@ impl PrefixCache {
                 parent: chain.last().copied(),
                 tokens: block_tokens(&tokens[b * BLOCK_TOKENS..]),
             };
+            let parent = chain.last().map_or(0, |&id| self.block(id).hash);
+            let name = BlockName::new(self.model_key(), namespace, parent, key.tokens);
             let mut rows = vec![0u8; BLOCK_TOKENS * self.shape.bytes_per_position()];
             cache.take_rows(b * BLOCK_TOKENS, BLOCK_TOKENS, &mut rows);
-            let id = self.add(key, rows.into_boxed_slice());
+            let rows: Arc<[u8]> = rows.into();
+            if let Some(disk) = &self.disk {
+                disk.write(name, rows.clone());
+            }
+            let id = self.add(key, name.hash, rows);
             chain.push(id);
         }
         self.touch(&chain);
+        if let Some(disk) = &self.disk {
+            // After the writes: the files' last use, the chain's end first, as in memory.
+            disk.touch(chain.iter().rev().map(|&id| self.block(id).hash).collect());
+        }
+    }
+
+    /// Continues `chain` (in `cache` already) with the blocks of `tokens` found on disk, each put
+    /// into `cache` and kept in memory too while the budget allows; returns how many.
+    fn lookup_disk(
+        &mut self,
+        namespace: u64,
+        tokens: &[u32],
+        chain: &mut Vec<usize>,
+        cache: &mut KvCache,
+    ) -> usize {
+        let model_key = self.model_key();
+        let mut hashes: Vec<u128> = chain.iter().map(|&id| self.block(id).hash).collect();
+        let Some(disk) = self.disk.as_mut() else {
+            return 0;
+        };
+        let mut read = Vec::new();
+        for block in tokens.chunks_exact(BLOCK_TOKENS).skip(chain.len()) {
+            let parent = hashes.last().copied().unwrap_or(0);
+            let name = BlockName::new(model_key, namespace, parent, block_tokens(block));
+            let Some(rows) = disk.read(&name) else {
+                break;
+            };
+            cache.put_rows(hashes.len() * BLOCK_TOKENS, BLOCK_TOKENS, rows);
+            read.push((name, Arc::<[u8]>::from(rows)));
+            hashes.push(name.hash);
+        }
+        // The files' last use, the chain's end first, as in memory.
+        hashes.reverse();
+        disk.touch(hashes);
+        let n = read.len();
+        // Into memory as well, chained after what memory had, while the budget allows.
+        for (name, rows) in read {
+            if self.bytes() + self.block_bytes() > self.budget && !self.evict_one(chain) {
+                break;
+            }
+            let key = BlockKey {
+                namespace,
+                parent: chain.last().copied(),
+                tokens: name.tokens,
+            };
+            chain.push(self.add(key, name.hash, rows));
+        }
+        n
     }
 
     /// The blocks that make up the longest cached prefix of `tokens` (full blocks only).
@@ -205,7 +321,7 @@ impl PrefixCache {
         }
     }
 
-    fn add(&mut self, key: BlockKey, rows: Box<[u8]>) -> usize {
+    fn add(&mut self, key: BlockKey, hash: u128, rows: Arc<[u8]>) -> usize {
         if let Some(parent) = key.parent {
             self.blocks[parent]
                 .as_mut()
@@ -215,6 +331,7 @@ impl PrefixCache {
         self.clock += 1;
         let block = Block {
             key: key.clone(),
+            hash,
             rows,
             children: 0,
             stamp: self.clock,

@@ -12,7 +12,7 @@ pub mod tenant;
 /// Function calling lives in the engine (the Python bindings use it too); re-exported here.
 pub use engine::tools;
 
-use engine::LoadedModel;
+use engine::{LoadedModel, PrefixCache};
 use std::sync::Arc;
 
 #[derive(Clone, Debug)]
@@ -45,6 +45,14 @@ pub struct ServerConfig {
     /// Write every request body, with its time, API and tenant, to `requests.jsonl` here (for
     /// replaying agent traffic).
     pub record_requests: Option<std::path::PathBuf>,
+    /// Keep the lines agents change between requests in their system prompts
+    /// (`api::volatile::VOLATILE_LINES`) instead of dropping them before the chat template.
+    pub keep_volatile_lines: bool,
+    /// Also keep the prefix cache's blocks as files in this directory, so that a restarted
+    /// server starts from them ...
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// ... holding at most this many bytes (least recently used go first).
+    pub prefix_cache_dir_bytes: u64,
 }
 
 impl ServerConfig {
@@ -78,10 +86,32 @@ pub struct AppState {
     pub recorder: Option<api::Recorder>,
 }
 
-/// Starts the engine loop and returns the router serving the API.
-pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
+/// The server's prefix cache: `prefix_cache_bytes` in memory and, with `prefix_cache_dir`, its
+/// blocks kept in that directory too (failing when it cannot be opened or is in use).
+pub fn prefix_cache(lm: &LoadedModel, config: &ServerConfig) -> anyhow::Result<PrefixCache> {
+    let shape = lm.model.kv_shape();
+    let per_token = shape.bytes_per_position();
+    tracing::info!(
+        budget_bytes = config.prefix_cache_bytes,
+        bytes_per_token = per_token,
+        tokens = config.prefix_cache_bytes / per_token.max(1),
+        "prefix cache"
+    );
+    PrefixCache::open(
+        &lm.path,
+        shape,
+        config.prefix_cache_bytes,
+        config.prefix_cache_dir.as_deref(),
+        config.prefix_cache_dir_bytes,
+    )
+}
+
+/// Starts the engine loop and returns the router serving the API (an error when the prefix
+/// cache's directory cannot be opened).
+pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> anyhow::Result<axum::Router> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let scheduler = scheduler::Scheduler::start(lm.clone(), &config, metrics.clone());
+    let prefix = prefix_cache(&lm, &config)?;
+    let scheduler = scheduler::Scheduler::start(lm.clone(), &config, prefix, metrics.clone());
     let recorder = config.record_requests.as_deref().and_then(|dir| {
         api::Recorder::create(dir)
             .map_err(|e| tracing::error!("cannot record requests in {}: {e}", dir.display()))
@@ -97,7 +127,7 @@ pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> axum::Router {
         store: std::sync::Mutex::new(store),
         recorder,
     });
-    api::router(state)
+    Ok(api::router(state))
 }
 
 /// Serves until the process is stopped.
@@ -114,7 +144,7 @@ pub async fn serve(
         config.model_names.join(", "),
         listener.local_addr()?
     );
-    let router = app(lm, config);
+    let router = app(lm, config)?;
     axum::serve(listener, router)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -24,7 +24,7 @@
 //! its prompt and output to it when it finishes.
 
 use crate::metrics::Metrics;
-use crate::tenant::{Corpora, Tenant};
+use crate::tenant::{namespaces, Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, PrefixCache, Sequence, SpecStats};
@@ -81,22 +81,23 @@ pub enum SubmitError {
 }
 
 impl Scheduler {
-    pub fn start(lm: Arc<LoadedModel>, config: &ServerConfig, metrics: Arc<Metrics>) -> Scheduler {
+    /// Starts the engine thread over `prefix` (made by `prefix_cache`).
+    pub fn start(
+        lm: Arc<LoadedModel>,
+        config: &ServerConfig,
+        prefix: PrefixCache,
+        metrics: Arc<Metrics>,
+    ) -> Scheduler {
         let (tx, rx) = sync_channel(config.max_queue);
-        let max_seqs = config.max_num_seqs.max(1);
-        let ctx = config.max_model_len;
+        let settings = LoopSettings {
+            max_seqs: config.max_num_seqs.max(1),
+            ctx: config.max_model_len,
+            namespaces: namespaces(&config.api_keys),
+        };
         let corpora = Corpora::new(config.corpus_tokens);
-        let prefix = PrefixCache::new(lm.model.kv_shape(), config.prefix_cache_bytes);
-        let per_token = lm.model.kv_shape().bytes_per_position();
-        tracing::info!(
-            budget_bytes = config.prefix_cache_bytes,
-            bytes_per_token = per_token,
-            tokens = config.prefix_cache_bytes / per_token.max(1),
-            "prefix cache"
-        );
         std::thread::Builder::new()
             .name("pld-engine".into())
-            .spawn(move || engine_loop(&lm, rx, max_seqs, ctx, corpora, prefix, &metrics))
+            .spawn(move || engine_loop(&lm, rx, settings, corpora, prefix, &metrics))
             .expect("spawn the engine thread");
         Scheduler { queue: tx }
     }
@@ -131,11 +132,20 @@ fn draft_cap(rows: usize, n: usize) -> usize {
     (rows / n.max(1)).saturating_sub(1)
 }
 
+/// What the engine thread is told once.
+struct LoopSettings {
+    max_seqs: usize,
+    ctx: usize,
+    /// Each tenant's namespace in the prefix cache (`tenant::namespaces`).
+    namespaces: Vec<u64>,
+}
+
 /// The engine thread's state: the running batch and what it has learned about pass costs.
 struct EngineLoop<'a> {
     lm: &'a LoadedModel,
     max_seqs: usize,
     ctx: usize,
+    namespaces: Vec<u64>,
     corpora: Corpora,
     prefix: PrefixCache,
     metrics: &'a Metrics,
@@ -146,16 +156,16 @@ struct EngineLoop<'a> {
 fn engine_loop(
     lm: &LoadedModel,
     rx: Receiver<Job>,
-    max_seqs: usize,
-    ctx: usize,
+    settings: LoopSettings,
     corpora: Corpora,
     prefix: PrefixCache,
     metrics: &Metrics,
 ) {
     let mut engine = EngineLoop {
         lm,
-        max_seqs,
-        ctx,
+        max_seqs: settings.max_seqs,
+        ctx: settings.ctx,
+        namespaces: settings.namespaces,
         corpora,
         prefix,
         metrics,
@@ -232,7 +242,7 @@ impl EngineLoop<'_> {
 
     /// Cancellation: a closed channel means the client is gone.
     fn drop_cancelled(&mut self) {
-        let (metrics, prefix) = (self.metrics, &mut self.prefix);
+        let (metrics, prefix, namespaces) = (self.metrics, &mut self.prefix, &self.namespaces);
         self.running.retain(|r| {
             let gone = r.events.is_closed();
             if gone {
@@ -241,7 +251,7 @@ impl EngineLoop<'_> {
                 metrics
                     .generation_tokens
                     .fetch_add(r.seq.generated_tokens().len() as u64, Ordering::Relaxed);
-                r.seq.keep_prefix(prefix, r.tenant.0 as u64);
+                r.seq.keep_prefix(prefix, namespaces[r.tenant.0]);
             }
             !gone
         });
@@ -352,7 +362,8 @@ impl EngineLoop<'_> {
     /// start reuses what is already computed.
     fn keep_prompts(&mut self) {
         for r in self.running.iter_mut() {
-            r.seq.keep_prompt(&mut self.prefix, r.tenant.0 as u64);
+            r.seq
+                .keep_prompt(&mut self.prefix, self.namespaces[r.tenant.0]);
         }
     }
 
@@ -360,6 +371,7 @@ impl EngineLoop<'_> {
     /// logged, reported.
     fn finish_done(&mut self, now: Instant) {
         let (metrics, corpora, prefix) = (self.metrics, &self.corpora, &mut self.prefix);
+        let namespaces = &self.namespaces;
         self.running.retain_mut(|r| {
             let Some(reason) = r.seq.finish_reason() else {
                 return true;
@@ -374,7 +386,7 @@ impl EngineLoop<'_> {
                 metrics.time_per_output_token.observe(per);
             }
             corpora.add(r.tenant, &r.seq);
-            r.seq.keep_prefix(prefix, r.tenant.0 as u64);
+            r.seq.keep_prefix(prefix, namespaces[r.tenant.0]);
             let s = &r.seq.stats;
             tracing::info!(
                 prompt_tokens = prompt,
@@ -412,7 +424,7 @@ impl EngineLoop<'_> {
         match Sequence::new(&self.lm.model, job.prompt, job.config, self.ctx) {
             Ok(mut seq) => {
                 self.corpora.attach(job.tenant, &mut seq);
-                seq.reuse_prefix(&mut self.prefix, job.tenant.0 as u64);
+                seq.reuse_prefix(&mut self.prefix, self.namespaces[job.tenant.0]);
                 self.running.push(Running {
                     tenant: job.tenant,
                     index: 0,

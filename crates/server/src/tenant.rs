@@ -11,6 +11,27 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tenant(pub usize);
 
+/// Each tenant's namespace in the prefix cache, by the index of its key in `api_keys`: the first
+/// eight bytes of the SHA-256 of the key, so that a tenant keeps its blocks on disk
+/// (`--prefix-cache-dir`) across restarts whatever the order of the keys, and no other key's
+/// requests can reach them. Without keys every request is the one tenant 0.
+pub(crate) fn namespaces(api_keys: &[String]) -> Vec<u64> {
+    use sha2::Digest;
+    if api_keys.is_empty() {
+        return vec![0];
+    }
+    api_keys
+        .iter()
+        .map(|k| {
+            let digest = sha2::Sha256::new()
+                .chain_update(b"pld prefix-cache tenant\0")
+                .chain_update(k.as_bytes())
+                .finalize();
+            u64::from_le_bytes(digest[..8].try_into().expect("eight bytes"))
+        })
+        .collect()
+}
+
 /// What each tenant's earlier requests left for drafting: its corpus of prompts and outputs and
 /// its table of the model's predictions, created on its first request.
 pub(crate) struct Corpora {

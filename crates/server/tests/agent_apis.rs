@@ -43,6 +43,23 @@ async fn messages_api_with_the_official_anthropic_client() {
     run_client("messages_client.py", args).await;
 }
 
+/// Claude Code's billing line, which changes with every session (and on some versions with every
+/// request), costs no cache: requests differing only in it read at least 95% of their prompts
+/// from the prefix cache, and only because the line is dropped (`--keep-volatile-lines` keeps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_billing_line_does_not_cost_the_cache() {
+    for (keep, mode) in [(false, "dropped"), (true, "kept")] {
+        let mut c = config();
+        c.keep_volatile_lines = keep;
+        let base = start(c).await;
+        run_client(
+            "billing_client.py",
+            vec![base, "smollm2-135m".into(), mode.into()],
+        )
+        .await;
+    }
+}
+
 /// Function calls on a model whose template takes tools: a forced call comes back as a
 /// `function_call` item / `tool_use` block, goes back in as its output / `tool_result`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -409,8 +409,8 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
             SpecConfig::off(),
         ));
         let fast = lenient(super::serve::server_config(budget, ctx, max_seqs, spec));
-        let plain = super::serve::start_server(server::app(lm.clone(), plain)).await?;
-        let fast = super::serve::start_server(server::app(lm.clone(), fast)).await?;
+        let plain = super::serve::start_server(server::app(lm.clone(), plain)?).await?;
+        let fast = super::serve::start_server(server::app(lm.clone(), fast)?).await?;
         let (p, s) = if a.clients <= 1 {
             replay_alternating(&plain, &fast, &convs, &a).await?
         } else {

@@ -165,6 +165,9 @@ pub(super) fn server_config(
         max_stored_responses: server::DEFAULT_MAX_STORED_RESPONSES,
         stored_responses_bytes: server::DEFAULT_STORED_RESPONSES_BYTES,
         record_requests: None,
+        keep_volatile_lines: false,
+        prefix_cache_dir: None,
+        prefix_cache_dir_bytes: 0,
     }
 }
 
@@ -319,12 +322,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let plain_url = start(server::app(
             lm.clone(),
             server_config(a.prefix_cache.budget(), ctx, max_seqs, plain),
-        ))
+        )?)
         .await?;
         let spec_url = start(server::app(
             lm.clone(),
             server_config(a.prefix_cache.budget(), ctx, max_seqs, spec),
-        ))
+        )?)
         .await?;
         // Warm-up.
         let hello = ["Say hello.".to_string()];

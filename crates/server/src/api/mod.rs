@@ -24,6 +24,7 @@ mod store;
 mod stream;
 mod tokenize;
 mod validate;
+pub mod volatile;
 
 pub use error::{ApiError, ErrorShape};
 pub use record::Recorder;

@@ -123,16 +123,22 @@ impl Extras {
     }
 }
 
-/// The prompt text of a conversation: its messages rendered by the chat template with its tools.
+/// The prompt text of a conversation: its messages rendered by the chat template with its tools,
+/// the volatile lines of its system messages dropped (`volatile`) unless the server keeps them.
 pub(super) fn render(
     state: &AppState,
     conv: &Conversation,
     names: Names,
 ) -> Result<String, ApiError> {
     let offered = conv.tools.as_ref().map_or(&[][..], |t| t.offered());
+    let messages = if state.config.keep_volatile_lines {
+        std::borrow::Cow::Borrowed(&conv.messages[..])
+    } else {
+        super::volatile::strip_system(&conv.messages)
+    };
     state
         .lm
-        .render_chat_ending(&conv.messages, offered, conv.end, &conv.options)
+        .render_chat_ending(&messages, offered, conv.end, &conv.options)
         .map_err(|e| {
             let param = if offered.is_empty() {
                 names.prompt

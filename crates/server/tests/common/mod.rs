@@ -43,6 +43,9 @@ pub fn config() -> ServerConfig {
         max_stored_responses: server::DEFAULT_MAX_STORED_RESPONSES,
         stored_responses_bytes: server::DEFAULT_STORED_RESPONSES_BYTES,
         record_requests: None,
+        keep_volatile_lines: false,
+        prefix_cache_dir: None,
+        prefix_cache_dir_bytes: 0,
     }
 }
 
@@ -55,7 +58,7 @@ pub async fn start(config: ServerConfig) -> String {
 pub async fn start_with(lm: Arc<LoadedModel>, config: ServerConfig) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = server::app(lm, config);
+    let app = server::app(lm, config).expect("the server starts");
     tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
