@@ -53,6 +53,8 @@ pub struct PrefixCacheStats {
     pub evicted_blocks: u64,
     /// Of the cached tokens, those read from the directory (`with_disk`).
     pub disk_tokens: u64,
+    /// Block files that failed their check on read (deleted, their blocks recomputed).
+    pub disk_rejected_blocks: u64,
 }
 
 /// What finds a block: its namespace, the block before it and its tokens.
@@ -166,7 +168,10 @@ impl PrefixCache {
     }
 
     pub fn stats(&self) -> PrefixCacheStats {
-        self.stats
+        PrefixCacheStats {
+            disk_rejected_blocks: self.disk.as_ref().map_or(0, |d| d.stats().rejected_blocks),
+            ..self.stats
+        }
     }
 
     /// Copies into `cache` (empty, of this cache's shape) the rows of the longest cached prefix

@@ -168,7 +168,7 @@ impl Metrics {
     }
 
     /// The counters without labels: name, help and value.
-    fn counters(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, u64); 9] {
+    fn counters(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, u64); 11] {
         [
             (
                 "pld_prompt_tokens_total",
@@ -214,6 +214,16 @@ impl Metrics {
                 "pld_prefix_cache_evicted_blocks_total",
                 "Blocks of 16 positions evicted from the prefix cache.",
                 pc.stats.evicted_blocks,
+            ),
+            (
+                "pld_prefix_cache_disk_tokens_total",
+                "Of the cached prompt tokens, those read from --prefix-cache-dir.",
+                pc.stats.disk_tokens,
+            ),
+            (
+                "pld_prefix_cache_disk_rejected_blocks_total",
+                "Block files in --prefix-cache-dir that failed their check on read (recomputed).",
+                pc.stats.disk_rejected_blocks,
             ),
         ]
     }
