@@ -9,7 +9,19 @@
 2. Every `pld SUBCOMMAND ... --flag` in a shell code block of README.md and docs/cli.md uses a
    subcommand and flags the binary accepts, as `PLD_BINARY SUBCOMMAND --help` lists them (a flag
    the help does not list, such as a hidden alias, is asked of the binary itself). PLD_BINARY
-   defaults to target/release/pld; `--links-only` skips this check.
+   defaults to target/release/pld; `--links-only` skips this check and check 3's first part.
+3. Defaults stated in the docs agree with the code:
+   - every `| flag | default | meaning |` table of docs/cli.md: where a row states a value (a
+     number or a code span, not words such as "all cores"), it is the `[default: X]` that
+     `PLD_BINARY CMD --help` prints for that flag (the command is the section's `pld CMD`; in
+     "Flags every model command takes", every command that has the flag, with the row's
+     "(`CMD`: `X`)" exceptions). A flag with no clap default (the speculation flags, which only
+     override the settings) is checked against the code's constant instead;
+   - the speculation settings' defaults, in docs/cli.md's speculation flags and the settings
+     table of docs/speculation.md, against crates/drafting/src/spec_config.rs (`DEFAULT_*`,
+     `DEFAULT_MATCH_POLICY`, `SpecMethod`'s `#[default]`, `adaptive` in `SpecConfig::default`),
+     and the default that `--match-policy`'s help names;
+   - docs/models.md's aliases, stored file names and SHA-256 against crates/models/src/lib.rs.
 
 Prints one line per problem and exits 1 if there is any. Python 3.11, standard library only.
 """
@@ -24,7 +36,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parents[2]
-LINK_FILES = ["README.md", "ARCHITECTURE.md"]
+LINK_FILES = ["README.md", "ARCHITECTURE.md", "fixtures/README.md", "workloads/README.md"]
 CLI_FILES = ["README.md", "docs/cli.md"]
 SHELL_LANGS = {"", "sh", "bash", "shell", "console", "zsh"}
 
@@ -227,6 +239,32 @@ class Cli:
                 self.helps[path] = (subs, flags)
         return self.helps[path]
 
+    def defaults(self, path: tuple[str, ...]) -> dict[str, str | None]:
+        """Each flag of `binary PATH --help` and the `[default: X]` clap prints for it (None when
+        it prints none)."""
+        p = self.run([*path, "--help"])
+        out: dict[str, str | None] = {}
+        current = None
+        section = ""
+        for line in p.stdout.split("\n"):
+            if re.match(r"^\S.*:\s*$", line):
+                section = line.strip().rstrip(":").lower()
+                current = None
+                continue
+            if section != "options":
+                continue
+            m = re.match(r"^\s+(?:-\w,\s+)?(--[A-Za-z0-9][A-Za-z0-9-]*)", line)
+            if m:
+                current = m.group(1)
+                out[current] = None
+            d = re.search(r"\[default: ([^\]]*)\]", line)
+            if d and current:
+                out[current] = d.group(1)
+        return out
+
+    def help_text(self, path: tuple[str, ...]) -> str:
+        return self.run([*path, "--help"]).stdout
+
     def accepts(self, path: tuple[str, ...], flag: str) -> bool:
         known = self.help(path)
         if known and flag in known[1]:
@@ -354,6 +392,232 @@ def check_commands(cli: Cli, problems: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# 3. Defaults stated in the docs
+
+SPEC_CONFIG = "crates/drafting/src/spec_config.rs"
+DRAFTING_CONFIG = "crates/drafting/src/config.rs"
+MODELS_RS = "crates/models/src/lib.rs"
+
+
+def enum_name(text: str, enum: str, variant: str) -> str | None:
+    """The name `ENUM::VARIANT => "name"` gives a variant in the code's name mapping."""
+    m = re.search(rf"{enum}::{variant}\s*=>\s*\"([^\"]+)\"", text)
+    return m.group(1) if m else None
+
+
+def code_spec_defaults(problems: list[str]) -> dict[str, str]:
+    """The speculation settings' defaults as the code states them, by `speculative_config` key,
+    written as the docs write them."""
+    spec = (ROOT / SPEC_CONFIG).read_text(encoding="utf-8")
+    config = (ROOT / DRAFTING_CONFIG).read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for m in re.finditer(r"pub const DEFAULT_([A-Z0-9_]+):\s*[\w:]+\s*=\s*([^;]+);", spec):
+        key, value = m.group(1).lower(), m.group(2).strip()
+        if re.fullmatch(r"\d+", value):
+            out[key] = value
+        elif v := re.fullmatch(r"MatchPolicy::(\w+)", value):
+            name = enum_name(config, "MatchPolicy", v.group(1))
+            if name is None:
+                problems.append(f"{DRAFTING_CONFIG}: no name for MatchPolicy::{v.group(1)}")
+            else:
+                out[key] = name
+    enum = re.search(r"pub enum SpecMethod \{(.*?)\n\}", spec, re.S)
+    variant = re.search(r"#\[default\]\s*(\w+)", enum.group(1)) if enum else None
+    name = enum_name(spec, "SpecMethod", variant.group(1)) if variant else None
+    if name:
+        out["method"] = name
+    default_impl = re.search(r"impl Default for SpecConfig \{.*?\n\}", spec, re.S)
+    adaptive = re.search(r"adaptive:\s*(true|false)", default_impl.group(0)) if default_impl else None
+    if adaptive:
+        out["adaptive"] = adaptive.group(1)
+    for key in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "match_policy", "method", "adaptive"):
+        if key not in out:
+            problems.append(f"{SPEC_CONFIG}: cannot read the default of {key} (the check needs updating)")
+    return out
+
+
+def table_rows(text: str) -> list[tuple[int, str, list[str] | None]]:
+    """(line number, the section's heading, cells) of every table row of a Markdown page, with
+    `\\|` kept inside its cell; a header's separator row comes with None for its cells."""
+    prose, _ = split_markdown(text)
+    rows: list[tuple[int, str, list[str]]] = []
+    heading = ""
+    for lineno, line in prose:
+        h = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if h:
+            heading = h.group(1)
+            continue
+        if not line.lstrip().startswith("|"):
+            continue
+        if re.match(r"^\s*\|[\s:|-]+\|\s*$", line):
+            rows.append((lineno, heading, None))
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        rows.append((lineno, heading, cells))
+    return rows
+
+
+def stated_value(cell: str) -> str | None:
+    """The value a default cell states: its leading code span or number; None for words."""
+    m = re.match(r"^`([^`]+)`", cell)
+    if m:
+        return m.group(1)
+    m = re.match(r"^(-?\d[\d.,]*)(?:\s*\([^)]*\))?$", cell)
+    return m.group(1) if m else None
+
+
+def same_value(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def tables_of(text: str, first: str, second: str) -> list[tuple[int, str, list[str]]]:
+    """The body rows of the tables whose header starts with `first | second`."""
+    out = []
+    keep = False
+    header: list[str] = []
+    prev_line = -2
+    for lineno, heading, cells in table_rows(text):
+        if cells is None:
+            keep = lineno == prev_line + 1 and len(header) >= 2
+            keep = keep and header[0].lower() == first and header[1].lower().startswith(second)
+        elif lineno != prev_line + 1:
+            header, keep = cells, False
+        elif keep:
+            out.append((lineno, heading, cells))
+        prev_line = lineno
+    return out
+
+
+SPEC_FLAG_KEYS = {"--spec-method": "method"}
+
+
+def check_cli_defaults(cli: Cli | None, code: dict[str, str], problems: list[str]) -> int:
+    """docs/cli.md's flag tables against `--help`'s defaults and the code's constants."""
+    name = "docs/cli.md"
+    text = (ROOT / name).read_text(encoding="utf-8")
+    count = 0
+    commands: list[tuple[str, ...]] = []
+    if cli is not None:
+        top = cli.help(()) or (set(), set())
+        for sub in sorted(top[0]):
+            inner = cli.help((sub,))
+            if inner and inner[0]:
+                commands += [(sub, s) for s in sorted(inner[0])]
+            else:
+                commands.append((sub,))
+    for lineno, heading, cells in tables_of(text, "flag", "default"):
+        flags = FLAG_RE.findall(cells[0])
+        value = stated_value(cells[1])
+        if not flags or value is None:
+            continue
+        flag = flags[0]
+        key = SPEC_FLAG_KEYS.get(flag, flag[2:].replace("-", "_"))
+        m = re.match(r"^`pld ([a-z ]+)`$", heading)
+        if m:
+            paths = [tuple(m.group(1).split())]
+        elif heading.lower().startswith("flags every model command"):
+            paths = commands
+        else:
+            paths = []
+        checked = False
+        if cli is not None:
+            overrides = {c: v for c, v in re.findall(r"`([a-z][a-z ]*)`:\s*`([^`]+)`", cells[1])}
+            for path in paths:
+                defaults = cli.defaults(path)
+                if flag not in defaults:
+                    continue
+                want = overrides.get(" ".join(path), value)
+                got = defaults[flag]
+                if got is None:
+                    if key in code:
+                        continue
+                    if m:
+                        problems.append(f"{name}:{lineno}: {flag}: the docs say the default is {want}; `pld {' '.join(path)} --help` states none")
+                        checked = True
+                    continue
+                checked = True
+                if not same_value(want, got):
+                    problems.append(f"{name}:{lineno}: {flag}: the docs say the default is {want}; `pld {' '.join(path)} --help` says {got}")
+        if key in code:
+            checked = True
+            if not same_value(value, code[key]):
+                problems.append(f"{name}:{lineno}: {flag}: the docs say the default is {value}; {SPEC_CONFIG} says {code[key]}")
+        count += checked
+    return count
+
+
+def check_speculation_defaults(code: dict[str, str], problems: list[str]) -> int:
+    """docs/speculation.md's settings table against the code's constants."""
+    name = "docs/speculation.md"
+    text = (ROOT / name).read_text(encoding="utf-8")
+    count = 0
+    for lineno, _, cells in tables_of(text, "setting (`speculative_config` key)", "default"):
+        key = re.match(r"^`([a-z_]+)`", cells[0])
+        value = stated_value(cells[1])
+        if not key or value is None or key.group(1) not in code:
+            continue
+        count += 1
+        if not same_value(value, code[key.group(1)]):
+            problems.append(f"{name}:{lineno}: {key.group(1)}: the docs say the default is {value}; {SPEC_CONFIG} says {code[key.group(1)]}")
+    if count == 0:
+        problems.append(f"{name}: no settings table with defaults found (the check needs updating)")
+    return count
+
+
+def check_help_match_policy(cli: Cli, code: dict[str, str], problems: list[str]) -> int:
+    """The default `--match-policy`'s help names, against the code's."""
+    text = " ".join(cli.help_text(("generate",)).split())
+    m = re.search(r"(\w+) \(the default", text)
+    if not m:
+        problems.append("`pld generate --help`: --match-policy's help no longer names its default (the check needs updating)")
+        return 0
+    if "match_policy" in code and m.group(1) != code["match_policy"]:
+        problems.append(f"`pld generate --help`: --match-policy's help names {m.group(1)} the default; {SPEC_CONFIG} says {code['match_policy']}")
+    return 1
+
+
+def check_models(problems: list[str]) -> int:
+    """docs/models.md's table against the aliases, file names and hashes `pld fetch` uses."""
+    code = (ROOT / MODELS_RS).read_text(encoding="utf-8")
+    sources = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(
+            r"\"([\w.-]+)\"\s*=>\s*ModelSource\s*\{.*?file_name:\s*\"([^\"]+)\".*?sha256:\s*\"([0-9a-f]{64})\"",
+            code,
+            re.S,
+        )
+    }
+    name = "docs/models.md"
+    documented: dict[str, tuple[int, str, str]] = {}
+    for lineno, _, cells in tables_of((ROOT / name).read_text(encoding="utf-8"), "alias", "model"):
+        alias = stated_value(cells[0])
+        files = [c for c in cells if re.fullmatch(r"`[^`/]+\.gguf`", c)]
+        shas = [c.strip("`") for c in cells if re.fullmatch(r"`[0-9a-f]{64}`", c)]
+        if alias and files and shas:
+            documented[alias] = (lineno, files[-1].strip("`"), shas[0])
+    if not sources:
+        problems.append(f"{MODELS_RS}: no ModelSource found (the check needs updating)")
+    for alias, (file_name, sha) in sources.items():
+        if alias not in documented:
+            problems.append(f"{name}: `pld fetch` knows {alias} ({MODELS_RS}); the table does not list it")
+            continue
+        lineno, doc_file, doc_sha = documented[alias]
+        if doc_file != file_name:
+            problems.append(f"{name}:{lineno}: {alias} is stored as {doc_file} in the docs, {file_name} in {MODELS_RS}")
+        if doc_sha != sha:
+            problems.append(f"{name}:{lineno}: {alias}'s SHA-256 is {doc_sha} in the docs, {sha} in {MODELS_RS}")
+    for alias, (lineno, _, _) in documented.items():
+        if alias not in sources:
+            problems.append(f"{name}:{lineno}: {alias} is not an alias `pld fetch` knows ({MODELS_RS})")
+    return len(sources)
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str]) -> int:
@@ -362,6 +626,10 @@ def main(argv: list[str]) -> int:
     problems: list[str] = []
     links = check_links(problems)
     commands = 0
+    code = code_spec_defaults(problems)
+    defaults = check_speculation_defaults(code, problems)
+    models = check_models(problems)
+    cli: Cli | None = None
     if not links_only:
         binary = args[0] if args else "target/release/pld"
         bin_path = Path(binary) if Path(binary).is_absolute() else ROOT / binary
@@ -371,10 +639,16 @@ def main(argv: list[str]) -> int:
                 " pass its path, or use --links-only)"
             )
         else:
-            commands = check_commands(Cli(str(bin_path)), problems)
+            cli = Cli(str(bin_path))
+            commands = check_commands(cli, problems)
+            defaults += check_help_match_policy(cli, code, problems)
+    defaults += check_cli_defaults(cli, code, problems)
     for p in problems:
         print(p)
-    summary = f"{links} links, {commands} pld commands checked: {len(problems)} problem(s)"
+    summary = (
+        f"{links} links, {commands} pld commands, {defaults} stated defaults, {models} models checked:"
+        f" {len(problems)} problem(s)"
+    )
     print(summary, file=sys.stderr)
     return 1 if problems else 0
 

@@ -7,7 +7,7 @@ concurrency level (requests/s, completion tokens/s from the server's `usage`, me
 latency) and, with --out, writes them as JSON. Standard library only.
 
     python3 tools/serve_load/load.py --url http://127.0.0.1:8080 \
-        --workload ../shared/bench/grounded-dev.jsonl --clients 1,8 --requests 8 --max-tokens 96
+        --workload workloads/grounded-dev.jsonl --clients 1,8 --requests 8 --max-tokens 96
 """
 
 import argparse

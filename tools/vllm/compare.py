@@ -5,7 +5,7 @@ requests at a time. Every output is checked token for token against plain greedy
 concurrency; the spec-decode counters (drafts, drafted and accepted tokens) come from vLLM's own
 metrics.
 
-    python tools/vllm/compare.py --model CHECKPOINT --rows /work/shared/bench/grounded-dev.jsonl \\
+    python tools/vllm/compare.py --model CHECKPOINT --rows workloads/grounded-dev.jsonl \\
         --per-category 2 --max-tokens 128 --concurrency 1 -k 8 --out result.json \\
         --drafter none --drafter ngram --drafter suffix --drafter pld --drafter pld:match_policy=earliest
 

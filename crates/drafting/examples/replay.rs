@@ -8,7 +8,7 @@
 //!                    names the row's group; otherwise the file's name does); every
 //!                    /work/traces/*.json is read as well
 //!   --bench DIR      also build proxy traces from DIR/grounded-dev.jsonl and
-//!                    DIR/spec-bench-dev.jsonl (default /work/shared/bench; "none" for none)
+//!                    DIR/spec-bench-dev.jsonl (default the repository's workloads/; "none" for none)
 //!   --units LIST     units of the proxy traces: bytes,words (default both)
 //!   --sweep          also replay the scored policy under a grid of its settings
 //!   --scaling        time proposals at 1k-128k tokens of context for batches of 64 and 256
@@ -876,8 +876,11 @@ fn scaling(steps: usize, max_batch_tokens: usize, params: ScoreParams, results: 
 
 // ---------------------------------------------------------------------------------------------
 
+/// The dev workloads in the repository (`workloads/` at the workspace root).
+const WORKLOADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../workloads");
+
 fn main() {
-    let mut bench = Some(PathBuf::from("/work/shared/bench"));
+    let mut bench = Some(PathBuf::from(WORKLOADS));
     let mut units = vec!["bytes".to_owned(), "words".to_owned()];
     let mut files: Vec<PathBuf> = Vec::new();
     let (mut sweep, mut do_scaling, mut show) = (false, false, false);
@@ -948,7 +951,7 @@ fn main() {
     }
 
     if show {
-        let dir = bench.as_deref().unwrap_or(Path::new("/work/shared/bench"));
+        let dir = bench.as_deref().unwrap_or(Path::new(WORKLOADS));
         for t in proxy_texts(dir).unwrap_or_else(|e| panic!("{e}")) {
             println!(
                 "==== {} ({} prompt bytes)\n{}\n",

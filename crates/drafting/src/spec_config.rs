@@ -16,7 +16,7 @@ use crate::by_source::BySource;
 use crate::config::{ConfigError, MatchPolicy, NgramConfig};
 use crate::tree::Source;
 
-/// Default number of drafted tokens per step (see the README's Benchmarks section).
+/// Default number of drafted tokens per step (how it was chosen: docs/bench/defaults.md).
 pub const DEFAULT_NUM_SPECULATIVE_TOKENS: usize = 8;
 /// Default longest n-gram matched.
 pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;

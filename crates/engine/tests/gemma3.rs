@@ -1,6 +1,6 @@
 //! Gemma 3 270M (a real `gemma3` model: SentencePiece tokenizer, sliding-window and global layers,
 //! GeGLU, q/k norms, norms after each block, scaled and tied embeddings) against the outside
-//! reference in `shared/fixtures/gemma3-270m.json` (transformers, float32, from the same GGUF).
+//! reference in `fixtures/gemma3-270m.json` (transformers, float32, from the same GGUF).
 
 mod common;
 

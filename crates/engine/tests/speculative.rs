@@ -48,7 +48,7 @@ fn assert_same(alias: &str, what: &str, plain: &GenerationOutput, spec: &Generat
 
 /// A grounded prompt from the dev workload, rendered with the model's template.
 fn grounded_prompt(lm: &LoadedModel, category: &str) -> Vec<u32> {
-    let path = shared_dir().join("bench").join("grounded-dev.jsonl");
+    let path = repo_dir().join("workloads").join("grounded-dev.jsonl");
     let text = std::fs::read_to_string(&path).expect("grounded-dev.jsonl");
     let row: serde_json::Value = text
         .lines()

@@ -45,7 +45,7 @@ fn chat(lm: &LoadedModel, text: &str) -> Vec<u32> {
 /// The first json_extraction row of the grounded workload: a document and a request to extract
 /// fields from it as JSON.
 fn extraction_prompt(lm: &LoadedModel) -> Vec<u32> {
-    let text = std::fs::read_to_string(shared_dir().join("bench/grounded-dev.jsonl")).unwrap();
+    let text = std::fs::read_to_string(repo_dir().join("workloads/grounded-dev.jsonl")).unwrap();
     let row: Value = text
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())

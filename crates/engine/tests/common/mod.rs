@@ -43,10 +43,11 @@ pub struct GenerationCase {
     pub top5_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
-/// The shared/ folder beside the repository (as laid out for developers and CI).
-pub fn shared_dir() -> PathBuf {
+/// The workspace root: the reference fixtures are in its `fixtures/`, the dev workloads in its
+/// `workloads/`.
+pub fn repo_dir() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    here.join("../../../shared")
+    here.join("../..")
 }
 
 /// (alias, fixture file) for the models with reference fixtures.
@@ -56,7 +57,7 @@ pub const FIXTURE_MODELS: [(&str, &str); 2] = [
 ];
 
 pub fn fixture(file: &str) -> Fixture {
-    let path = shared_dir().join("fixtures").join(file);
+    let path = repo_dir().join("fixtures").join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read fixture {}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture parses")
