@@ -66,7 +66,9 @@ impl QuantizedActs {
         self.k = k;
         self.block = block;
         let nb = rows * k / block;
-        self.q.resize(rows * k, 0);
+        // Padded to whole tiles of 16 rows: the AMX kernels load sixteen rows at a time (the
+        // padding rows' sums are never read).
+        self.q.resize(rows.next_multiple_of(16) * k, 0);
         // Padded so that a SIMD load of 16 floats at any block stays inside.
         self.d.resize(nb + 16, 0.0);
         self.ds.resize(rows * k / 32 + 16, 0.0);
@@ -82,7 +84,7 @@ impl QuantizedActs {
         };
         let mut rest = Blocks {
             x: &x[..rows * k],
-            q: &mut self.q[..],
+            q: &mut self.q[..rows * k],
             d: &mut self.d[..nb],
             ds: &mut self.ds[..rows * k / 32],
             isums: &mut self.isums[..],
