@@ -137,6 +137,16 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                 acts[slot].quantize_with(isa, x, m, k, block);
                 // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
                 // scales.
+                // Passes on AMX tiles read the integers in tile order.
+                if isa == Isa::Amx
+                    && m >= AMX_MIN_ROWS
+                    && k.is_multiple_of(64)
+                    && own
+                        .iter()
+                        .any(|(f, w, _)| f.act_block() == block && w.packed.is_some())
+                {
+                    acts[slot].tile();
+                }
                 if block == 32
                     && isa.vnni512()
                     && own
@@ -176,9 +186,9 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                         let rows = block.min(m - r0);
                         // SAFETY: the CPU can run `isa` (asserted above: AMX with the tile
                         // permission, and AVX-512 VNNI); `a` holds the m rows quantized over
-                        // w.cols = p.cols columns in the format's blocks, its integers padded to
-                        // whole tiles of 16 rows (`QuantizedActs::quantize_with`), and r0 is a
-                        // multiple of 16; the writes, rows r0..r0 + rows at columns j0..j1,
+                        // w.cols = p.cols columns in the format's blocks (a multiple of 64: the
+                        // packed unit), its integers padded to whole tiles of 16 rows and in tile
+                        // order (`tile`, above), and r0 is a multiple of 16; the writes, rows r0..r0 + rows at columns j0..j1,
                         // stay inside `out` (m * n) and belong to this work item alone.
                         unsafe {
                             x86::packed_rows_amx(

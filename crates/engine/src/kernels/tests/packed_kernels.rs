@@ -177,11 +177,11 @@ fn amx_kernels_match_the_reference_bit_for_bit() {
             let x = random_vec(total * cols, 800 + m as u64);
             let mut acts = quant::QuantizedActs::default();
             acts.quantize_with(Isa::Amx, &x, total, cols, f.act_block());
+            acts.tile();
             for (r0, g0, g1) in [(0, 0, groups), (16, 1, groups)] {
                 let mut out = vec![f32::NAN; m * rows];
                 // SAFETY: `Amx` is available (checked above); `acts` holds rows r0..r0 + m over
-                // the packed columns, its integers padded to whole tiles of 16 rows, r0 a
-                // multiple of 16; the writes, rows 0..m at columns 16 * g0..16 * g1, are inside
+                // the packed columns, its integers in tile order, r0 a multiple of 16; the writes, rows 0..m at columns 16 * g0..16 * g1, are inside
                 // `out`.
                 unsafe { x86::packed_rows_amx(&p, g0, g1, &acts, r0, m, out.as_mut_ptr(), rows) };
                 for i in 0..m {

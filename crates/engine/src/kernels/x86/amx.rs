@@ -1,21 +1,27 @@
 //! The packed products on AMX tiles (Intel Sapphire Rapids and later), for passes over many
 //! activation rows.
 //!
-//! A tile multiply-add `tdpbsud` takes sixteen activation rows (signed bytes, tile A) against
-//! sixteen weight rows (unsigned bytes, tile B, four consecutive columns of each weight row per
-//! 64-byte tile row: exactly a step of the interleaved layout of `kernels::packed`) and adds the
-//! 16 x 16 dot products over K columns into 32-bit sums (tile C). Each product here spans one
-//! block or sub-block of the format (K = 32, or 16 for Q6_K), so that the tile holds, for every
-//! pair of rows, the same exact integer sum the VNNI kernels build with `vpdpbusd`. The sums are
-//! stored and finished on 512-bit registers with the VNNI kernels' own integer and float steps
-//! in their order (offsets, sub-block scales, minimums, then the float scales), so every output
-//! is bit-identical to theirs.
+//! A tile multiply-add (`tdpbsud`: signed activations by unsigned weights; `tdpbssd`: both
+//! signed) takes sixteen activation rows (tile A) against sixteen weight rows (tile B, four
+//! consecutive columns of each weight row per 64-byte tile row: a step of the interleaved layout
+//! of `kernels::packed`) and adds their 16 x 16 dot products over up to 64 columns into 32-bit
+//! sums (tile C). Every output is bit-identical to the VNNI kernels', because the integers are
+//! the same exact sums and the float steps after them are theirs, in their order:
+//! - Q4_K and Q6_K: a super-block's integer is the sum over sub-blocks of the scale times the
+//!   sub-block's products (Q6_K's values less 32). Each weight times its sub-block's scale fits
+//!   in 16 bits, so per call the unit's weights are unpacked scaled and split into a low byte
+//!   (unsigned) and a high byte (signed): two tile products over all 256 columns, low plus 256
+//!   times high, give that integer directly (`unpack_kquant`, `kquant_unit`). Q4_K's minimums
+//!   and both formats' float scales then follow as in `packed_q4k` / `packed_q6k`.
+//! - The 32-column formats: one tile product per block of 32 (each block has its own float
+//!   scales), plus the format's integer offset, then the scales as in `packed32`. The 4-bit
+//!   values (Q5_0's fifth bits, MXFP4's looked-up values) are unpacked per call; Q8_0's packed
+//!   bytes are tile rows already.
 //!
-//! Weights come from the packed copy: the 4-bit formats' nibbles (and Q5_0's and Q6_K's high
-//! bits, MXFP4's values) are unpacked per call, one unit of a group at a time, into a small
-//! scratch of tile rows, which every tile of activation rows then reads; Q8_0's packed bytes are
-//! tile rows already. Activation tiles are read in place from `QuantizedActs`, whose integers are
-//! padded to whole tiles of sixteen rows.
+//! Weights come from the packed copy (no second copy is kept), unpacked one unit of a group at a
+//! time into a small scratch that every tile of activation rows then reads. Activations are read
+//! in tile order (`QuantizedActs::tile`: sixteen rows' 64 bytes in a row), as rows `k` bytes
+//! apart would fall on a few cache sets.
 //!
 //! Tiles need, on Linux, the process's permission for the tile data state (`arch_prctl`, asked
 //! once in `permission`), and a tile configuration in each thread that runs them: every kernel
@@ -88,8 +94,9 @@ fn request_tile_data() -> Result<(), &'static str> {
 }
 
 /// A tile configuration (`ldtilecfg`'s 64 bytes, palette 1): tmm0 and tmm3 hold activation tiles
-/// (16 rows of `k` bytes), tmm1 and tmm4 weight tiles (`k / 4` rows of 64 bytes), tmm2 and tmm5
-/// their 16 x 16 sums.
+/// (16 rows of `k` bytes), tmm1, tmm4, tmm6 and tmm7 weight tiles (`k / 4` rows of 64 bytes),
+/// tmm2 and tmm5 16 x 16 sums. With `k` = 64 every tile is 16 rows of 64 bytes, as the K-quants'
+/// products (`kquant_unit`) take them.
 #[repr(C, align(64))]
 struct Config([u8; 64]);
 
@@ -98,8 +105,8 @@ impl Config {
         let mut c = [0u8; 64];
         c[0] = 1;
         let shapes = [(16, k), (k / 4, 64), (16, 64)];
-        for t in 0..6 {
-            let (rows, bytes) = shapes[t % 3];
+        for t in 0..8 {
+            let (rows, bytes) = shapes[if t < 6 { t % 3 } else { 1 }];
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(bytes as u16).to_le_bytes());
             c[48 + t] = rows as u8;
         }
@@ -165,12 +172,17 @@ unsafe fn dot_pair(
 #[repr(C, align(64))]
 struct Aligned<T>(T);
 
-/// One unit's weights of a group as tile rows: 256 columns of 16 rows (two 32-column blocks use
-/// the first quarter).
-type WeightRows = Aligned<[u8; 4096]>;
+/// A call's scratch: one unit's weights of a group as tile rows (the K-quants': 64 rows of low
+/// bytes then 64 of high bytes, `unpack_kquant`; the 32-column formats': two blocks of 8 rows),
+/// and one tile of activation rows' 32-bit sums, `[product][row][lane]` (the K-quants' low and
+/// high products, or the two blocks).
+struct Scratch {
+    w: Aligned<[u8; 8192]>,
+    sums: Aligned<[[[i32; 16]; 16]; 2]>,
+}
 
-/// The sums of every sub-block of a unit for one tile of activation rows: `[sub-block][row][lane]`.
-type UnitSums = Aligned<[[[i32; 16]; 16]; 16]>;
+/// Where the high bytes start in `Scratch::w`.
+const HIGH: usize = 4096;
 
 /// Unpacks a step of eight columns (`v`: low nibbles the first four, high the next) to two tile
 /// rows at `out`.
@@ -183,133 +195,217 @@ unsafe fn put_nibbles(v: __m512i, lo_bits: __m512i, hi_bits: __m512i, out: *mut 
     Zmm::store(out.add(64) as *mut f32, _mm512_castsi512_ps(hi));
 }
 
-/// Unit `blk`'s weights as tile rows in column order (`out`: four columns of each weight row per
-/// 64 bytes), the values the VNNI kernels multiply.
+/// A 32-column unit's two blocks as tile rows in column order (`out`: four columns of each
+/// weight row per 64 bytes), the values the VNNI kernels multiply.
 #[inline(always)]
-unsafe fn unpack_unit(format: Format, blk: *const u8, out: *mut u8) {
+unsafe fn unpack32(format: Format, blk: *const u8, out: *mut u8) {
     let zero = Zmm::zero();
-    match format {
-        Format::Q4K => {
-            for step in 0..32 {
-                let v = Zmm::load(blk.add(q4k::PACKED_QS + 64 * step));
-                put_nibbles(v, zero, zero, out.add(128 * step));
-            }
-        }
-        Format::Q6K => {
-            for t in 0..16 {
-                let h = Zmm::load(blk.add(q6k::PACKED_QH + 64 * t));
-                let ql = blk.add(q6k::PACKED_QL + 128 * t);
-                let o = out.add(256 * t);
-                put_nibbles(Zmm::load(ql), q6_high::<Zmm, 0>(h), q6_high::<Zmm, 1>(h), o);
-                let v = Zmm::load(ql.add(64));
-                put_nibbles(v, q6_high::<Zmm, 2>(h), q6_high::<Zmm, 3>(h), o.add(128));
-            }
-        }
-        Format::Q8_0 => unreachable!("Q8_0's packed bytes are tile rows"),
-        _ => {
-            let values = format.packed_values();
-            let table = Zmm::table16(MXFP4_TABLE.as_ptr());
-            for h in 0..2 {
-                let high = if format == Format::Q5_0 {
-                    Zmm::load(blk.add(q5_0::PACKED_QH + 64 * h))
-                } else {
-                    zero
-                };
-                for u in 0..4 {
-                    let v = Zmm::load(blk.add(values + 256 * h + 64 * u));
-                    let o = out.add(512 * h + 128 * u);
-                    if format == Format::Mxfp4 {
-                        let low = Zmm::bytes(0x0F);
-                        let lo = Zmm::lookup(table, Zmm::and(v, low));
-                        let hi = Zmm::lookup(table, Zmm::and(Zmm::shr16::<4>(v), low));
-                        Zmm::store(o as *mut f32, _mm512_castsi512_ps(lo));
-                        Zmm::store(o.add(64) as *mut f32, _mm512_castsi512_ps(hi));
-                    } else if format == Format::Q5_0 {
-                        let (b0, b1) = (2 * u as u32, 2 * u as u32 + 1);
-                        put_nibbles(v, q5_high::<Zmm>(high, b0), q5_high::<Zmm>(high, b1), o);
-                    } else {
-                        put_nibbles(v, zero, zero, o);
-                    }
-                }
+    let values = format.packed_values();
+    let table = Zmm::table16(MXFP4_TABLE.as_ptr());
+    for h in 0..2 {
+        let high = if format == Format::Q5_0 {
+            Zmm::load(blk.add(q5_0::PACKED_QH + 64 * h))
+        } else {
+            zero
+        };
+        for u in 0..4 {
+            let v = Zmm::load(blk.add(values + 256 * h + 64 * u));
+            let o = out.add(512 * h + 128 * u);
+            if format == Format::Mxfp4 {
+                let low = Zmm::bytes(0x0F);
+                let lo = Zmm::lookup(table, Zmm::and(v, low));
+                let hi = Zmm::lookup(table, Zmm::and(Zmm::shr16::<4>(v), low));
+                Zmm::store(o as *mut f32, _mm512_castsi512_ps(lo));
+                Zmm::store(o.add(64) as *mut f32, _mm512_castsi512_ps(hi));
+            } else if format == Format::Q5_0 {
+                let (b0, b1) = (2 * u as u32, 2 * u as u32 + 1);
+                put_nibbles(v, q5_high::<Zmm>(high, b0), q5_high::<Zmm>(high, b1), o);
+            } else {
+                put_nibbles(v, zero, zero, o);
             }
         }
     }
 }
 
-/// What one call computes: groups `g0..g1` of `p` against activation rows `r0..r0 + m`, row
-/// `r0 + r`'s outputs at `out + r * stride` (column 0).
+/// Tile row `row` of a K-quant unit: four columns `x` of each weight row (bytes: unsigned, or
+/// with `SIGNED` signed) times the row's sub-block scale `sc16` (in both 16-bit halves of each
+/// lane), each product (within +-2^15) split into its low byte (unsigned, at `w`) and the rest
+/// (signed, at `w + HIGH`): the product is the low byte plus 256 times the high.
+#[inline(always)]
+unsafe fn put_scaled<const SIGNED: bool>(x: __m512i, sc16: __m512i, row: usize, w: *mut u8) {
+    const ODD_BYTES: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+    let (even, odd) = if SIGNED {
+        let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(x));
+        (even, _mm512_srai_epi16::<8>(x))
+    } else {
+        let even = _mm512_and_si512(x, _mm512_set1_epi16(0xFF));
+        (even, _mm512_srli_epi16::<8>(x))
+    };
+    let (pe, po) = (
+        _mm512_mullo_epi16(even, sc16),
+        _mm512_mullo_epi16(odd, sc16),
+    );
+    let lo = _mm512_mask_blend_epi8(ODD_BYTES, pe, _mm512_slli_epi16::<8>(po));
+    let hi = _mm512_mask_blend_epi8(ODD_BYTES, _mm512_srli_epi16::<8>(pe), po);
+    _mm512_store_si512(w.add(64 * row) as *mut _, lo);
+    _mm512_store_si512(w.add(HIGH + 64 * row) as *mut _, hi);
+}
+
+/// A Q4_K or Q6_K unit (256 columns) as 64 tile rows of low bytes and 64 of high bytes (see
+/// `put_scaled`) of each weight times its sub-block's scale (Q6_K's weights less 32 first). The
+/// tile products over all 256 columns then give each pair of rows the integer the VNNI kernels
+/// build sub-block by sub-block: the sum of the scales times the sub-blocks' products (Q6_K's
+/// with the offset of 32 included).
+#[inline(always)]
+unsafe fn unpack_kquant(format: Format, blk: *const u8, w: *mut u8) {
+    let low = Zmm::bytes(0x0F);
+    if format == Format::Q4K {
+        for j in 0..8 {
+            let sc = Zmm::u8s_i32(blk.add(q4k::PACKED_SCALES + 16 * j));
+            let sc16 = Zmm::pair16(sc, sc);
+            for u in 0..4 {
+                let step = 4 * j + u;
+                let v = Zmm::load(blk.add(q4k::PACKED_QS + 64 * step));
+                put_scaled::<false>(Zmm::and(v, low), sc16, 2 * step, w);
+                put_scaled::<false>(Zmm::and(Zmm::shr16::<4>(v), low), sc16, 2 * step + 1, w);
+            }
+        }
+        return;
+    }
+    let m32 = Zmm::bytes(32);
+    for t in 0..16 {
+        let h = Zmm::load(blk.add(q6k::PACKED_QH + 64 * t));
+        let ql = blk.add(q6k::PACKED_QL + 128 * t);
+        let sc = Zmm::i8s_i32(blk.add(q6k::PACKED_SCALES + 16 * t));
+        let sc16 = Zmm::pair16(sc, sc);
+        for u in 0..2 {
+            let v = Zmm::load(ql.add(64 * u));
+            let (hl, hh) = if u == 0 {
+                (q6_high::<Zmm, 0>(h), q6_high::<Zmm, 1>(h))
+            } else {
+                (q6_high::<Zmm, 2>(h), q6_high::<Zmm, 3>(h))
+            };
+            let lo = Zmm::or(Zmm::and(v, low), hl);
+            let hi = Zmm::or(Zmm::and(Zmm::shr16::<4>(v), low), hh);
+            put_scaled::<true>(_mm512_sub_epi8(lo, m32), sc16, 4 * t + 2 * u, w);
+            put_scaled::<true>(_mm512_sub_epi8(hi, m32), sc16, 4 * t + 2 * u + 1, w);
+        }
+    }
+}
+
+/// A K-quant unit's tile products for sixteen activation rows at `a` (in tile order: four tiles
+/// of 16 rows of 64 bytes, 1 KB apart): over its 256 columns in four steps of 64, the products
+/// with the low bytes (`tdpbsud`) to `c[0..256]` and with the high bytes (`tdpbssd`) to
+/// `c[256..512]`, as 16 rows of 16 `i32`.
+///
+/// # Safety
+/// A configuration of 16 x 64-byte tiles is loaded; the 4096 bytes at `a`, the 8192 at `w` and
+/// the 2048 at `c` are valid.
+#[inline(always)]
+unsafe fn kquant_unit(a: *const i8, w: *const u8, c: *mut i32) {
+    asm!(
+        "tilezero tmm4",
+        "tilezero tmm5",
+        "tileloadd tmm0, [{a} + {sb}*1]",
+        "tileloadd tmm1, [{w} + {sb}*1]",
+        "tileloadd tmm2, [{w} + {sb}*1 + 4096]",
+        "tdpbsud tmm4, tmm0, tmm1",
+        "tdpbssd tmm5, tmm0, tmm2",
+        "tileloadd tmm3, [{a} + {sb}*1 + 1024]",
+        "tileloadd tmm6, [{w} + {sb}*1 + 1024]",
+        "tileloadd tmm7, [{w} + {sb}*1 + 5120]",
+        "tdpbsud tmm4, tmm3, tmm6",
+        "tdpbssd tmm5, tmm3, tmm7",
+        "tileloadd tmm0, [{a} + {sb}*1 + 2048]",
+        "tileloadd tmm1, [{w} + {sb}*1 + 2048]",
+        "tileloadd tmm2, [{w} + {sb}*1 + 6144]",
+        "tdpbsud tmm4, tmm0, tmm1",
+        "tdpbssd tmm5, tmm0, tmm2",
+        "tileloadd tmm3, [{a} + {sb}*1 + 3072]",
+        "tileloadd tmm6, [{w} + {sb}*1 + 3072]",
+        "tileloadd tmm7, [{w} + {sb}*1 + 7168]",
+        "tdpbsud tmm4, tmm3, tmm6",
+        "tdpbssd tmm5, tmm3, tmm7",
+        "tilestored [{c} + {sb}*1], tmm4",
+        "tilestored [{c} + {sb}*1 + 1024], tmm5",
+        a = in(reg) a,
+        w = in(reg) w,
+        c = in(reg) c,
+        sb = in(reg) 64usize,
+        options(nostack),
+    );
+}
+
+/// What one call computes: groups of `p` against activation rows `r0..r0 + m`, each row's
+/// float sums of a group in `acc` (16 per row) until the group is done.
 struct Job<'a> {
     p: &'a Packed,
     acts: &'a QuantizedActs,
     r0: usize,
     m: usize,
-    out: *mut f32,
-    stride: usize,
+    acc: *mut f32,
 }
 
-/// Group `g`'s sixteen outputs of every row, unit by unit: the unit's weights unpacked once, then
-/// each tile of sixteen activation rows multiplied and finished; each row's float sums wait in
-/// `out` between units.
+/// Group `g`'s sixteen outputs of every row into `job.acc`, unit by unit: the unit's weights
+/// unpacked once, then each tile of sixteen activation rows multiplied and finished.
 #[inline(always)]
-unsafe fn group(job: &Job, g: usize, w: &mut WeightRows, sums: &mut UnitSums) {
+unsafe fn group(job: &Job, g: usize, scratch: &mut Scratch) {
     let (p, acts) = (job.p, job.acts);
     let format = p.format;
+    let kquant = matches!(format, Format::Q4K | Format::Q6K);
     let bytes = format.packed_bytes();
     let cols = format.unit_cols();
     let k = acts.k;
     let group = p.group(g).as_ptr();
-    // Columns per tile product: a sub-block (Q6_K's 16, Q4_K's 32) or a block.
-    let sub = if format == Format::Q6K { 16 } else { 32 };
     for s in 0..p.units() {
         let blk = group.add(s * bytes);
-        let wrows = if format == Format::Q8_0 {
-            blk.add(format.packed_values())
-        } else {
-            unpack_unit(format, blk, w.0.as_mut_ptr());
-            w.0.as_ptr()
+        let w = scratch.w.0.as_mut_ptr();
+        // Q8_0's packed bytes are its tile rows.
+        let wrows = match format {
+            Format::Q8_0 => blk.add(format.packed_values()),
+            Format::Q4K | Format::Q6K => {
+                unpack_kquant(format, blk, w);
+                w
+            }
+            _ => {
+                unpack32(format, blk, w);
+                w
+            }
         };
         for t in 0..job.m.div_ceil(TILE_ROWS) {
             let r = job.r0 + TILE_ROWS * t;
-            let a = acts.q.as_ptr().add(r * k + s * cols);
-            let c = sums.0.as_mut_ptr() as *mut i32;
-            let wstep = sub * 16;
-            for j in (0..cols / sub).step_by(2) {
-                dot_pair(
-                    a.add(sub * j),
-                    a.add(sub * (j + 1)),
-                    k,
-                    wrows.add(wstep * j),
-                    wrows.add(wstep * (j + 1)),
-                    c.add(256 * j),
-                    c.add(256 * (j + 1)),
-                );
+            // The unit's columns of the tile of rows from r, in tile order.
+            let a = acts.tiled.as_ptr().add(r * k + 16 * s * cols);
+            let c = scratch.sums.0.as_mut_ptr() as *mut i32;
+            if kquant {
+                kquant_unit(a, wrows, c);
+            } else {
+                dot_pair(a, a.add(32), 64, wrows, wrows.add(512), c, c.add(256));
             }
             let rows = TILE_ROWS.min(job.m - TILE_ROWS * t);
-            let out = job.out.add(TILE_ROWS * t * job.stride + ROWS * g);
-            let first = s == 0;
+            let acc = job.acc.add(16 * TILE_ROWS * t);
+            let sums = &scratch.sums;
             match format {
-                Format::Q4K => finish_q4k(acts, blk, s, r, rows, sums, out, job.stride, first),
-                Format::Q6K => finish_q6k(acts, blk, s, r, rows, sums, out, job.stride, first),
-                _ => finish32(format, acts, blk, s, r, rows, sums, out, job.stride, first),
+                Format::Q4K => finish_q4k(acts, blk, s, r, rows, sums, acc),
+                Format::Q6K => finish_q6k(acts, blk, s, r, rows, sums, acc),
+                _ => finish32(format, acts, blk, s, r, rows, sums, acc),
             }
         }
     }
 }
 
-/// Row `r`'s float sums so far: zero at the first unit, else where the last unit left them.
+/// A K-quant unit's integer for row `i` of the tile: the low bytes' products plus 256 times the
+/// high bytes'.
 #[inline(always)]
-unsafe fn start(out: *mut f32, first: bool) -> __m512 {
-    if first {
-        Zmm::zero_f()
-    } else {
-        Zmm::loadf(out)
-    }
+unsafe fn kquant_sum(sums: &Aligned<[[[i32; 16]; 16]; 2]>, i: usize) -> __m512i {
+    let lo = Zmm::load(sums.0[0][i].as_ptr() as *const u8);
+    let hi = Zmm::load(sums.0[1][i].as_ptr() as *const u8);
+    Zmm::add32(lo, Zmm::shl32::<8>(hi))
 }
 
-/// Q4_K's unit for `rows` activation rows from `r`: as `packed_q4k` with VNNI, each sub-block's
-/// sums times its scale, the minimums times the activation sums, then `d` and `dmin` times the
-/// activation scale.
-#[allow(clippy::too_many_arguments)]
+/// Q4_K's unit for `rows` activation rows from `r`: as `packed_q4k` with VNNI, the sub-blocks'
+/// scaled sums (here from the tiles), the minimums times the activation sums, then `d` and `dmin`
+/// times the activation scale into each row's float sums at `acc`.
 #[inline(always)]
 unsafe fn finish_q4k(
     acts: &QuantizedActs,
@@ -317,14 +413,10 @@ unsafe fn finish_q4k(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &UnitSums,
-    out: *mut f32,
-    stride: usize,
-    first: bool,
+    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    acc: *mut f32,
 ) {
     let k = acts.k;
-    let sc: [__m512i; 8] =
-        std::array::from_fn(|j| Zmm::u8s_i32(blk.add(q4k::PACKED_SCALES + 16 * j)));
     let mins = blk.add(q4k::PACKED_MINS);
     let mn: [__m512i; 4] = std::array::from_fn(|i| {
         Zmm::pair16(
@@ -335,28 +427,23 @@ unsafe fn finish_q4k(
     let d = Zmm::f16s(blk.add(PACKED_D));
     let dmin = Zmm::f16s(blk.add(q4k::PACKED_DMIN));
     for i in 0..rows {
-        let mut scaled = Zmm::zero();
-        for j in 0..8 {
-            let c = Zmm::load(sums.0[j][i].as_ptr() as *const u8);
-            scaled = Zmm::add32(scaled, Zmm::mullo32(c, sc[j]));
-        }
+        let scaled = kquant_sum(sums, i);
         let sums16 = acts.isums.as_ptr().add(((r + i) * k + s * 256) / 32) as *const i8;
         let mut m = Zmm::madd16(mn[0], Zmm::bcast4(sums16));
         for q in 1..4 {
             m = Zmm::add32(m, Zmm::madd16(mn[q], Zmm::bcast4(sums16.add(4 * q))));
         }
         let dx = Zmm::splat(*acts.d.get_unchecked((r + i) * k / 256 + s));
-        let o = out.add(i * stride);
-        let mut acc = start(o, first);
-        acc = Zmm::fmadd(Zmm::cvt(scaled), Zmm::mul(d, dx), acc);
-        acc = Zmm::fnmadd(Zmm::cvt(m), Zmm::mul(dmin, dx), acc);
-        Zmm::store(o, acc);
+        let o = acc.add(16 * i);
+        let mut a = Zmm::loadf(o);
+        a = Zmm::fmadd(Zmm::cvt(scaled), Zmm::mul(d, dx), a);
+        a = Zmm::fnmadd(Zmm::cvt(m), Zmm::mul(dmin, dx), a);
+        Zmm::store(o, a);
     }
 }
 
-/// Q6_K's unit: as `packed_q6k` with VNNI, each sub-block's sums from -32 times its activation
-/// sum, times its scale, then `d` times the activation scale.
-#[allow(clippy::too_many_arguments)]
+/// Q6_K's unit: as `packed_q6k` with VNNI, the scaled sums (offsets included, here from the
+/// tiles), then `d` times the activation scale.
 #[inline(always)]
 unsafe fn finish_q6k(
     acts: &QuantizedActs,
@@ -364,26 +451,20 @@ unsafe fn finish_q6k(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &UnitSums,
-    out: *mut f32,
-    stride: usize,
-    first: bool,
+    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    acc: *mut f32,
 ) {
     let k = acts.k;
     let d = Zmm::f16s(blk.add(PACKED_D));
     for i in 0..rows {
-        let offsets = acts.q6k_offsets.as_ptr().add(((r + i) * k + s * 256) / 16);
-        let mut scaled = Zmm::zero();
-        for t in 0..16 {
-            let sc = Zmm::i8s_i32(blk.add(q6k::PACKED_SCALES + 16 * t));
-            let c = Zmm::load(sums.0[t][i].as_ptr() as *const u8);
-            let total = Zmm::add32(Zmm::bcast4(offsets.add(t) as *const i8), c);
-            scaled = Zmm::add32(scaled, Zmm::mullo32(total, sc));
-        }
         let dx = Zmm::splat(*acts.d.get_unchecked((r + i) * k / 256 + s));
-        let o = out.add(i * stride);
-        let acc = Zmm::fmadd(Zmm::cvt(scaled), Zmm::mul(d, dx), start(o, first));
-        Zmm::store(o, acc);
+        let o = acc.add(16 * i);
+        let a = Zmm::fmadd(
+            Zmm::cvt(kquant_sum(sums, i)),
+            Zmm::mul(d, dx),
+            Zmm::loadf(o),
+        );
+        Zmm::store(o, a);
     }
 }
 
@@ -399,10 +480,8 @@ unsafe fn finish32(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &UnitSums,
-    out: *mut f32,
-    stride: usize,
-    first: bool,
+    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    acc: *mut f32,
 ) {
     let k = acts.k;
     let offset = match format {
@@ -420,8 +499,8 @@ unsafe fn finish32(
         }
     });
     for i in 0..rows {
-        let o = out.add(i * stride);
-        let mut acc = start(o, first);
+        let o = acc.add(16 * i);
+        let mut a = Zmm::loadf(o);
         for h in 0..2 {
             let bi = ((r + i) * k + 64 * s + 32 * h) / 32;
             let mut sum = Zmm::load(sums.0[h][i].as_ptr() as *const u8);
@@ -430,13 +509,13 @@ unsafe fn finish32(
                 sum = Zmm::add32(Zmm::bcast4(at as *const i8), sum);
             }
             let scale = Zmm::mul(dw[h], Zmm::splat(*acts.d.get_unchecked(bi)));
-            acc = Zmm::fmadd(Zmm::cvt(sum), scale, acc);
+            a = Zmm::fmadd(Zmm::cvt(sum), scale, a);
             if format == Format::Q4_1 {
                 let min = Zmm::f16s(blk.add(q4_1::PACKED_M + 32 * h));
-                acc = Zmm::fmadd(min, Zmm::splat(*acts.ds.get_unchecked(bi)), acc);
+                a = Zmm::fmadd(min, Zmm::splat(*acts.ds.get_unchecked(bi)), a);
             }
         }
-        Zmm::store(o, acc);
+        Zmm::store(o, a);
     }
 }
 
@@ -447,8 +526,8 @@ unsafe fn finish32(
 /// # Safety
 /// The CPU must have AMX-INT8 and AVX-512 F, VL, BW and VNNI (and AVX2, FMA, F16C), and this
 /// process the tile permission (`permission` returned `Ok`); `acts` holds rows `r0..r0 + m`
-/// quantized over `p.cols` columns in the blocks the format wants, with its integers padded so
-/// that whole tiles of sixteen rows from `r0` lie inside them; `out` is valid for writes of
+/// quantized over `p.cols` columns in the blocks the format wants, its integers also in tile
+/// order (`QuantizedActs::tile`) and `r0` a multiple of 16; `out` is valid for writes of
 /// `(m - 1) * stride + 16 * g1` floats.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
@@ -465,20 +544,32 @@ pub(crate) unsafe fn packed_rows_amx(
     if m == 0 || g0 >= g1 {
         return;
     }
-    let k = if p.format == Format::Q6K { 16 } else { 32 };
-    load_config(&Config::new(k));
+    // The K-quants' products span 64 columns (four to a unit), the others' a block of 32.
+    let k = if matches!(p.format, Format::Q4K | Format::Q6K) {
+        64
+    } else {
+        32
+    };
+    let mut acc = vec![0f32; 16 * m.next_multiple_of(TILE_ROWS)];
     let job = Job {
         p,
         acts,
         r0,
         m,
-        out,
-        stride,
+        acc: acc.as_mut_ptr(),
     };
-    let mut w = Aligned([0u8; 4096]);
-    let mut sums = Aligned([[[0i32; 16]; 16]; 16]);
+    let mut scratch = Scratch {
+        w: Aligned([0u8; 8192]),
+        sums: Aligned([[[0i32; 16]; 16]; 2]),
+    };
+    load_config(&Config::new(k));
     for g in g0..g1 {
-        group(&job, g, &mut w, &mut sums);
+        group(&job, g, &mut scratch);
+        // Each row's sixteen outputs of the group, and its sums back to zero for the next.
+        for (i, a) in acc.chunks_exact_mut(16).take(m).enumerate() {
+            std::ptr::copy_nonoverlapping(a.as_ptr(), out.add(i * stride + ROWS * g), 16);
+            a.fill(0.0);
+        }
     }
     release();
 }
