@@ -174,12 +174,15 @@ struct Aligned<T>(T);
 
 /// A call's scratch: one unit's weights of a group as tile rows (the K-quants': 64 rows of low
 /// bytes then 64 of high bytes, `unpack_kquant`; the 32-column formats': two blocks of 8 rows),
-/// and one tile of activation rows' 32-bit sums, `[product][row][lane]` (the K-quants' low and
-/// high products, or the two blocks).
+/// and two tiles of activation rows' 32-bit sums (the K-quants' low and high products, or the two
+/// blocks).
 struct Scratch {
     w: Aligned<[u8; 8192]>,
-    sums: Aligned<[[[i32; 16]; 16]; 2]>,
+    sums: Aligned<[Sums; 2]>,
 }
+
+/// One tile of activation rows' sums: `[product][row][lane]`.
+type Sums = [[[i32; 16]; 16]; 2];
 
 /// Where the high bytes start in `Scratch::w`.
 const HIGH: usize = 4096;
@@ -336,6 +339,58 @@ unsafe fn kquant_unit(a: *const i8, w: *const u8, c: *mut i32) {
     );
 }
 
+/// `kquant_unit` for two tiles of activation rows, at `a0` and `a1`: each step's weight tiles
+/// serve both, and the four sums are independent. The first tile's products go to
+/// `c[0..512]`, the second's to `c[512..1024]`.
+///
+/// # Safety
+/// As `kquant_unit`, with 4096 bytes valid at `a0` and at `a1` and 4096 at `c`.
+#[inline(always)]
+unsafe fn kquant_pair(a0: *const i8, a1: *const i8, w: *const u8, c: *mut i32) {
+    macro_rules! step {
+        ($a:literal, $lo:literal, $hi:literal) => {
+            concat!(
+                "tileloadd tmm0, [{a0} + {sb}*1 + ",
+                $a,
+                "]\n",
+                "tileloadd tmm1, [{a1} + {sb}*1 + ",
+                $a,
+                "]\n",
+                "tileloadd tmm2, [{w} + {sb}*1 + ",
+                $lo,
+                "]\n",
+                "tileloadd tmm3, [{w} + {sb}*1 + ",
+                $hi,
+                "]\n",
+                "tdpbsud tmm4, tmm0, tmm2\n",
+                "tdpbssd tmm5, tmm0, tmm3\n",
+                "tdpbsud tmm6, tmm1, tmm2\n",
+                "tdpbssd tmm7, tmm1, tmm3",
+            )
+        };
+    }
+    asm!(
+        "tilezero tmm4",
+        "tilezero tmm5",
+        "tilezero tmm6",
+        "tilezero tmm7",
+        step!("0", "0", "4096"),
+        step!("1024", "1024", "5120"),
+        step!("2048", "2048", "6144"),
+        step!("3072", "3072", "7168"),
+        "tilestored [{c} + {sb}*1], tmm4",
+        "tilestored [{c} + {sb}*1 + 1024], tmm5",
+        "tilestored [{c} + {sb}*1 + 2048], tmm6",
+        "tilestored [{c} + {sb}*1 + 3072], tmm7",
+        a0 = in(reg) a0,
+        a1 = in(reg) a1,
+        w = in(reg) w,
+        c = in(reg) c,
+        sb = in(reg) 64usize,
+        options(nostack),
+    );
+}
+
 /// What one call computes: groups of `p` against activation rows `r0..r0 + m`, each row's
 /// float sums of a group in `acc` (16 per row) until the group is done.
 struct Job<'a> {
@@ -372,24 +427,35 @@ unsafe fn group(job: &Job, g: usize, scratch: &mut Scratch) {
                 w
             }
         };
-        for t in 0..job.m.div_ceil(TILE_ROWS) {
+        let tiles = job.m.div_ceil(TILE_ROWS);
+        let mut t = 0;
+        while t < tiles {
+            // The K-quants take two tiles of rows at a time where there are two: four
+            // independent sums keep the tile unit busy.
+            let n = if kquant && t + 1 < tiles { 2 } else { 1 };
             let r = job.r0 + TILE_ROWS * t;
             // The unit's columns of the tile of rows from r, in tile order.
             let a = acts.tiled.as_ptr().add(r * k + 16 * s * cols);
             let c = scratch.sums.0.as_mut_ptr() as *mut i32;
-            if kquant {
+            if n == 2 {
+                kquant_pair(a, a.add(16 * k), wrows, c);
+            } else if kquant {
                 kquant_unit(a, wrows, c);
             } else {
                 dot_pair(a, a.add(32), 64, wrows, wrows.add(512), c, c.add(256));
             }
-            let rows = TILE_ROWS.min(job.m - TILE_ROWS * t);
-            let acc = job.acc.add(16 * TILE_ROWS * t);
-            let sums = &scratch.sums;
-            match format {
-                Format::Q4K => finish_q4k(acts, blk, s, r, rows, sums, acc),
-                Format::Q6K => finish_q6k(acts, blk, s, r, rows, sums, acc),
-                _ => finish32(format, acts, blk, s, r, rows, sums, acc),
+            for u in 0..n {
+                let (r, t) = (r + TILE_ROWS * u, t + u);
+                let rows = TILE_ROWS.min(job.m - TILE_ROWS * t);
+                let acc = job.acc.add(16 * TILE_ROWS * t);
+                let sums = &scratch.sums.0[u];
+                match format {
+                    Format::Q4K => finish_q4k(acts, blk, s, r, rows, sums, acc),
+                    Format::Q6K => finish_q6k(acts, blk, s, r, rows, sums, acc),
+                    _ => finish32(format, acts, blk, s, r, rows, sums, acc),
+                }
             }
+            t += n;
         }
     }
 }
@@ -397,9 +463,9 @@ unsafe fn group(job: &Job, g: usize, scratch: &mut Scratch) {
 /// A K-quant unit's integer for row `i` of the tile: the low bytes' products plus 256 times the
 /// high bytes'.
 #[inline(always)]
-unsafe fn kquant_sum(sums: &Aligned<[[[i32; 16]; 16]; 2]>, i: usize) -> __m512i {
-    let lo = Zmm::load(sums.0[0][i].as_ptr() as *const u8);
-    let hi = Zmm::load(sums.0[1][i].as_ptr() as *const u8);
+unsafe fn kquant_sum(sums: &Sums, i: usize) -> __m512i {
+    let lo = Zmm::load(sums[0][i].as_ptr() as *const u8);
+    let hi = Zmm::load(sums[1][i].as_ptr() as *const u8);
     Zmm::add32(lo, Zmm::shl32::<8>(hi))
 }
 
@@ -413,7 +479,7 @@ unsafe fn finish_q4k(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    sums: &Sums,
     acc: *mut f32,
 ) {
     let k = acts.k;
@@ -451,7 +517,7 @@ unsafe fn finish_q6k(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    sums: &Sums,
     acc: *mut f32,
 ) {
     let k = acts.k;
@@ -480,7 +546,7 @@ unsafe fn finish32(
     s: usize,
     r: usize,
     rows: usize,
-    sums: &Aligned<[[[i32; 16]; 16]; 2]>,
+    sums: &Sums,
     acc: *mut f32,
 ) {
     let k = acts.k;
@@ -503,7 +569,7 @@ unsafe fn finish32(
         let mut a = Zmm::loadf(o);
         for h in 0..2 {
             let bi = ((r + i) * k + 64 * s + 32 * h) / 32;
-            let mut sum = Zmm::load(sums.0[h][i].as_ptr() as *const u8);
+            let mut sum = Zmm::load(sums[h][i].as_ptr() as *const u8);
             if let Some(off) = offset {
                 let at = (acts.offsets32.as_ptr().add(bi) as *const i32).add(off);
                 sum = Zmm::add32(Zmm::bcast4(at as *const i8), sum);
@@ -560,7 +626,7 @@ pub(crate) unsafe fn packed_rows_amx(
     };
     let mut scratch = Scratch {
         w: Aligned([0u8; 8192]),
-        sums: Aligned([[[0i32; 16]; 16]; 2]),
+        sums: Aligned([[[[0i32; 16]; 16]; 2]; 2]),
     };
     load_config(&Config::new(k));
     for g in g0..g1 {
