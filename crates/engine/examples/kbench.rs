@@ -70,7 +70,7 @@ fn main() {
             )
             .collect();
         let bytes = mat.bytes.as_slice().len();
-        for m in [1usize, 4, 8, 16, 32, 256] {
+        for m in [1usize, 4, 8, 16, 32, 64, 256] {
             if only_m.is_some_and(|o| o != m) {
                 continue;
             }

@@ -125,10 +125,13 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             r.prefill_fraction_of_compute_limit,
         ) {
             (Some(l), Some(f)) => format!(
-                " = {:.0}% of the compute limit ({l:.1} tokens/s at {:.0} G int8 and {:.0} G f32 \
-                 multiply-adds/s)",
+                " = {:.0}% of the compute limit ({l:.1} tokens/s at {:.0} G int8{} and {:.0} G \
+                 f32 multiply-adds/s)",
                 100.0 * f,
                 r.int8_peak_gmacs.unwrap_or(0.0),
+                r.amx_int8_peak_gmacs
+                    .map(|p| format!(" ({p:.0} G on AMX tiles)"))
+                    .unwrap_or_default(),
                 r.f32_peak_gmacs.unwrap_or(0.0),
             ),
             _ => String::new(),
@@ -260,8 +263,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let macs = model.macs_per_token();
     let peak = engine::kernels::int8_peak_gmacs();
     let f32_peak = engine::kernels::f32_peak_gmacs();
-    // Seconds of compute for `tokens` rows after `before` positions of cache.
+    let amx_peak = engine::kernels::amx_int8_peak_gmacs();
+    // Seconds of compute for `tokens` rows after `before` positions of cache (on AMX tiles from
+    // `AMX_MIN_ROWS` rows, prefill chunks included).
     let compute_s = |before: usize, tokens: usize| -> f64 {
+        let peak = match amx_peak {
+            Some(p) if tokens >= engine::kernels::AMX_MIN_ROWS => Some(p),
+            _ => peak,
+        };
         let products = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
         let attention: usize = (1..=tokens).map(|r| model.attention_macs(before + r)).sum();
         products + f32_peak.map_or(0.0, |p| attention as f64 / (p * 1e9))
@@ -307,6 +316,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         decode_fraction_of_bound: decode_tps / bound,
         macs_per_token: macs,
         int8_peak_gmacs: peak,
+        amx_int8_peak_gmacs: amx_peak,
         f32_peak_gmacs: f32_peak,
         prefill_fraction_of_compute_limit: prefill_limit_tps.map(|l| prefill_tps / l),
         prefill_compute_limit_tokens_per_s: prefill_limit_tps,

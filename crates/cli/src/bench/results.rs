@@ -241,6 +241,11 @@ pub struct ForwardRun {
     /// The int8 multiply-add peak of the kernels in use over these threads, G/s (absent for the
     /// plain kernels).
     pub int8_peak_gmacs: Option<f64>,
+    /// With the AMX kernels: the int8 peak of AMX tiles over these threads, G/s, which passes of
+    /// `engine::kernels::AMX_MIN_ROWS` rows or more (prefill chunks) use; `int8_peak_gmacs` is
+    /// then the AVX-512 VNNI peak of the smaller passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amx_int8_peak_gmacs: Option<f64>,
     /// The f32 multiply-add peak of the attention kernels over these threads, G/s (absent for the
     /// plain kernels).
     #[serde(default)]

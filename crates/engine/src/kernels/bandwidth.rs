@@ -47,13 +47,36 @@ pub fn int8_peak_gmacs() -> Option<f64> {
         // SAFETY: the CPU can run `isa` (asserted above), whose features each loop needs.
         Some(per_thread_peak(&|iters| unsafe {
             match isa {
-                Isa::Avx512Vnni => x86::peak_avx512_vnni(iters),
+                Isa::Avx512Vnni | Isa::Amx => x86::peak_avx512_vnni(iters),
                 Isa::Avx512 => x86::peak_avx512(iters),
                 Isa::Avx2Vnni if Isa::avx_vnni_encoding() => x86::peak_avx_vnni(iters),
                 Isa::Avx2Vnni => x86::peak_avx_vnni_evex(iters),
                 Isa::Avx2 => x86::peak_avx2(iters),
                 Isa::Scalar => unreachable!("the plain implementation has no int8 loop"),
             }
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// The AMX int8 multiply-add peak over the pool's threads, in G multiply-adds per second, when
+/// the implementation in use is `Amx`: every thread runs a tile-resident loop of `tdpbssd` on full
+/// tiles (16 x 16 sums over 64 bytes), measured as `int8_peak_gmacs` is. The products of passes
+/// over at least `AMX_MIN_ROWS` rows run on tiles (of 32 or 16 columns per product: half or a
+/// quarter of this); `int8_peak_gmacs` stays the peak of the one-row passes' VNNI kernels.
+pub fn amx_int8_peak_gmacs() -> Option<f64> {
+    let isa = super::isa();
+    if isa != super::Isa::Amx {
+        return None;
+    }
+    super::isa::assert_available(isa);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AMX-INT8 and this process the tile permission (`Amx` is available,
+        // asserted above).
+        Some(per_thread_peak(&|iters| unsafe {
+            super::x86::peak_amx(iters / 4)
         }))
     }
     #[cfg(not(target_arch = "x86_64"))]

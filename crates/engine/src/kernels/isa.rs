@@ -18,6 +18,10 @@ pub enum Isa {
     /// attention, with `vpmaddubsw` + `vpmaddwd` where VNNI has `vpdpbusd`.
     Avx512,
     Avx512Vnni,
+    /// AVX-512 VNNI with AMX int8 tiles (Intel Sapphire Rapids and later): the packed products of
+    /// passes over many rows on tiles (`x86/amx.rs`), everything else as `Avx512Vnni`. Only where
+    /// the OS grants the tile state (`amx_status`).
+    Amx,
 }
 
 /// The CPU features the kernels use, read once.
@@ -27,6 +31,7 @@ struct Features {
     avx_vnni: bool,
     avx512: bool,
     avx512_vnni: bool,
+    amx: bool,
 }
 
 fn features() -> Features {
@@ -46,6 +51,7 @@ fn features() -> Features {
                 avx_vnni: avx2 && is_x86_feature_detected!("avxvnni"),
                 avx512,
                 avx512_vnni: avx512 && is_x86_feature_detected!("avx512vnni"),
+                amx: avx512 && is_x86_feature_detected!("avx512vnni") && amx_status().is_ok(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -54,17 +60,28 @@ fn features() -> Features {
             avx_vnni: false,
             avx512: false,
             avx512_vnni: false,
+            amx: false,
         }
     })
 }
 
+/// Whether this process can run AMX int8 tiles, or why not: the CPU lacks them, or the OS refused
+/// the tile state (on Linux, `arch_prctl`; asked once, the first time this is called).
+pub fn amx_status() -> Result<(), &'static str> {
+    #[cfg(target_arch = "x86_64")]
+    return super::x86::amx_permission();
+    #[cfg(not(target_arch = "x86_64"))]
+    Err("not an x86-64 CPU")
+}
+
 /// Every implementation, simplest first.
-const ALL: [Isa; 5] = [
+const ALL: [Isa; 6] = [
     Isa::Scalar,
     Isa::Avx2,
     Isa::Avx2Vnni,
     Isa::Avx512,
     Isa::Avx512Vnni,
+    Isa::Amx,
 ];
 
 impl Isa {
@@ -85,6 +102,7 @@ impl Isa {
             Isa::Avx2Vnni => f.avx_vnni || f.avx512_vnni,
             Isa::Avx512 => f.avx512,
             Isa::Avx512Vnni => f.avx512_vnni,
+            Isa::Amx => f.amx,
         }
     }
 
@@ -95,7 +113,13 @@ impl Isa {
 
     /// Whether the kernels of `self` use 512-bit registers (the packed products and attention).
     pub fn avx512(self) -> bool {
-        matches!(self, Isa::Avx512 | Isa::Avx512Vnni)
+        matches!(self, Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx)
+    }
+
+    /// Whether the products use AVX-512 VNNI's kernels (`Amx` too, for the passes it leaves to
+    /// them).
+    pub fn vnni512(self) -> bool {
+        matches!(self, Isa::Avx512Vnni | Isa::Amx)
     }
 
     /// Whether products go through the packed (interleaved) weight layout: every SIMD class.
@@ -111,6 +135,7 @@ impl Isa {
             Isa::Avx2Vnni => "avx2vnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Vnni => "vnni",
+            Isa::Amx => "amx",
         }
     }
 
@@ -150,7 +175,7 @@ fn requested(value: Option<&str>) -> Result<Option<Isa>, String> {
 }
 
 /// The implementation in use: the best the CPU has, or the one `PLD_KERNEL` names
-/// (`scalar|avx2|avx2vnni|avx512|vnni`) to force a simpler one. A value that names none, or one
+/// (`scalar|avx2|avx2vnni|avx512|vnni|amx`) to force a simpler one. A value that names none, or one
 /// this CPU lacks, is reported on stderr once and the best is used.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();

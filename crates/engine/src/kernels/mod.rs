@@ -48,13 +48,13 @@ pub mod quant;
 mod x86;
 
 pub use attention::{attend, attend_rows, attend_with, KvElem, KvElems, KvHead, TreeMask};
-pub use bandwidth::{f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
+pub use bandwidth::{amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use dtype::TensorType;
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_oai,
     swiglu_scalar,
 };
-pub use isa::{isa, Isa};
+pub use isa::{amx_status, isa, Isa};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub use parallel::{par_chunks_mut, par_split_mut};
 
@@ -85,6 +85,11 @@ pub fn matmul_many(x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
 /// Bytes of quantized activation rows the packed kernels take per pass over a work item's
 /// weights (a block that stays in L2 with them).
 const PACKED_ACT_BYTES: usize = 512 * 1024;
+
+/// The fewest activation rows the AMX class takes to its tiles; fewer go to the AVX-512 VNNI
+/// kernels (the same results, bit for bit), faster where a tile of sixteen rows would be mostly
+/// empty.
+pub const AMX_MIN_ROWS: usize = 16;
 
 /// Activation rows handled together per pass over a chunk of weight rows (keeps them in L2).
 const ROW_GROUP: usize = 32;
@@ -132,8 +137,18 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
                 acts[slot].quantize_with(isa, x, m, k, block);
                 // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
                 // scales.
+                // Passes on AMX tiles read the integers in tile order.
+                if isa == Isa::Amx
+                    && m >= AMX_MIN_ROWS
+                    && k.is_multiple_of(64)
+                    && own
+                        .iter()
+                        .any(|(f, w, _)| f.act_block() == block && w.packed.is_some())
+                {
+                    acts[slot].tile();
+                }
                 if block == 32
-                    && isa == Isa::Avx512Vnni
+                    && isa.vnni512()
                     && own
                         .iter()
                         .any(|(f, w, _)| f.act_block() == 32 && w.packed.is_none())
@@ -163,6 +178,33 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
             #[cfg(target_arch = "x86_64")]
             if let (Some(p), true) = (&w.packed, isa.packs()) {
+                if isa == Isa::Amx && m >= AMX_MIN_ROWS {
+                    // Whole tiles of rows, as many as stay in L2 with a group's weights; each
+                    // call unpacks a group's weights once for all of its rows.
+                    let block = (PACKED_ACT_BYTES / w.cols).next_multiple_of(x86::TILE_ROWS);
+                    for r0 in (0..m).step_by(block) {
+                        let rows = block.min(m - r0);
+                        // SAFETY: the CPU can run `isa` (asserted above: AMX with the tile
+                        // permission, and AVX-512 VNNI); `a` holds the m rows quantized over
+                        // w.cols = p.cols columns in the format's blocks (a multiple of 64: the
+                        // packed unit), its integers padded to whole tiles of 16 rows and in tile
+                        // order (`tile`, above), and r0 is a multiple of 16; the writes, rows r0..r0 + rows at columns j0..j1,
+                        // stay inside `out` (m * n) and belong to this work item alone.
+                        unsafe {
+                            x86::packed_rows_amx(
+                                p,
+                                j0 / packed::ROWS,
+                                j1 / packed::ROWS,
+                                a,
+                                r0,
+                                rows,
+                                out_ptr.get().add(r0 * w.rows),
+                                w.rows,
+                            )
+                        };
+                    }
+                    return;
+                }
                 // Blocks of activation rows small enough to stay in L2 while every weight group
                 // of the work item passes over them; prefill-sized products go eight rows at a
                 // time over every group of the item (whose weights then stay in L2), so that each
@@ -226,7 +268,7 @@ fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, o
                 // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`), and `acts`
                 // holds rows r0..r0 + out.len() of whole blocks over the row's columns.
                 unsafe {
-                    if isa == Isa::Avx512Vnni {
+                    if isa.vnni512() {
                         dot_rows_vnni::<{ $code }>(wrow, acts, r0, out)
                     } else {
                         dot_rows_avx2::<{ $code }>(wrow, acts, r0, out)
@@ -308,7 +350,9 @@ unsafe fn packed_kernel(
     // ones the kernel named needs; the rest is passed on as promised.
     unsafe {
         match isa {
-            Isa::Avx512Vnni => x86::packed_rows_vnni(p, g, acts, r0, m, out, stride),
+            // One group's rows, the timing tool's unit: AMX leaves those to VNNI (`matmul` takes
+            // many groups and rows to the tiles).
+            Isa::Avx512Vnni | Isa::Amx => x86::packed_rows_vnni(p, g, acts, r0, m, out, stride),
             Isa::Avx512 => x86::packed_rows_avx512(p, g, acts, r0, m, out, stride),
             Isa::Avx2Vnni if Isa::avx_vnni_encoding() => {
                 x86::packed_rows_avx_vnni(p, g, acts, r0, m, out, stride)

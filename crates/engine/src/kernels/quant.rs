@@ -39,6 +39,10 @@ pub struct QuantizedActs {
     /// 32-blocks, for kernels that hold two blocks per vector: each block's scale eight times
     /// over. Filled by `spread`.
     pub(crate) spread_d: Vec<f32>,
+    /// The integers again in AMX tile order, for passes on tiles: per tile of 16 rows and per 64
+    /// columns, the 16 rows' 64 bytes one after the other (1 KB), so that each tile loads from
+    /// consecutive lines (rows `k` bytes apart fall on a few cache sets). Filled by `tile`.
+    pub(crate) tiled: Vec<i8>,
 }
 
 impl QuantizedActs {
@@ -66,7 +70,9 @@ impl QuantizedActs {
         self.k = k;
         self.block = block;
         let nb = rows * k / block;
-        self.q.resize(rows * k, 0);
+        // Padded to whole tiles of 16 rows: the AMX kernels load sixteen rows at a time (the
+        // padding rows' sums are never read).
+        self.q.resize(rows.next_multiple_of(16) * k, 0);
         // Padded so that a SIMD load of 16 floats at any block stays inside.
         self.d.resize(nb + 16, 0.0);
         self.ds.resize(rows * k / 32 + 16, 0.0);
@@ -82,7 +88,7 @@ impl QuantizedActs {
         };
         let mut rest = Blocks {
             x: &x[..rows * k],
-            q: &mut self.q[..],
+            q: &mut self.q[..rows * k],
             d: &mut self.d[..nb],
             ds: &mut self.ds[..rows * k / 32],
             isums: &mut self.isums[..],
@@ -118,6 +124,20 @@ impl QuantizedActs {
         self.spread_d.resize(nb * 8, 0.0);
         for b in 0..nb {
             self.spread_d[b * 8..b * 8 + 8].fill(self.d[b]);
+        }
+    }
+
+    /// Fills `tiled` from the integers (rows padded to whole tiles of 16; `k` a multiple of 64).
+    pub fn tile(&mut self) {
+        let (k, tiles) = (self.k, self.rows.div_ceil(16));
+        assert!(k.is_multiple_of(64), "{k} columns in tiles of 64");
+        self.tiled.resize(tiles * 16 * k, 0);
+        for (t, out) in self.tiled.chunks_exact_mut(16 * k).enumerate() {
+            for (c, chunk) in out.chunks_exact_mut(1024).enumerate() {
+                for (i, row) in chunk.chunks_exact_mut(64).enumerate() {
+                    row.copy_from_slice(&self.q[(16 * t + i) * k + 64 * c..][..64]);
+                }
+            }
         }
     }
 

@@ -149,3 +149,56 @@ fn packed_kernels_exact_at_extreme_values() {
         }
     }
 }
+
+/// The AMX kernels against the packed reference (`dot_group_scalar`), bit for bit, for every
+/// packed format and every activation row count from 1 to 80, called directly (`matmul` sends
+/// only passes of `AMX_MIN_ROWS` or more to the tiles), from row 0 and from row 16 of the
+/// activations (a second tile of rows), over all groups at once and over a range of groups. On a
+/// CPU without AMX, or where the OS refuses the tile state, this says why and checks nothing.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_kernels_match_the_reference_bit_for_bit() {
+    if let Err(why) = isa::amx_status() {
+        println!("skipped: {why}");
+        return;
+    }
+    if !Isa::Amx.is_available() {
+        println!("skipped: the CPU has AMX but not AVX-512 VNNI");
+        return;
+    }
+    for (ti, &dtype) in OWN.iter().enumerate() {
+        let f = format::Format::from_type(dtype).unwrap();
+        let (rows, cols) = (48, 512);
+        let groups = rows / packed::ROWS;
+        let bytes = quantize(dtype, &random_vec(rows * cols, 700 + ti as u64));
+        let p = packed::Packed::new(f, rows, cols, &bytes).expect("packable");
+        for m in 1usize..=80 {
+            let total = m + 16;
+            let x = random_vec(total * cols, 800 + m as u64);
+            let mut acts = quant::QuantizedActs::default();
+            acts.quantize_with(Isa::Amx, &x, total, cols, f.act_block());
+            acts.tile();
+            for (r0, g0, g1) in [(0, 0, groups), (16, 1, groups)] {
+                let mut out = vec![f32::NAN; m * rows];
+                // SAFETY: `Amx` is available (checked above); `acts` holds rows r0..r0 + m over
+                // the packed columns, its integers in tile order, r0 a multiple of 16; the writes, rows 0..m at columns 16 * g0..16 * g1, are inside
+                // `out`.
+                unsafe { x86::packed_rows_amx(&p, g0, g1, &acts, r0, m, out.as_mut_ptr(), rows) };
+                for i in 0..m {
+                    for g in 0..groups {
+                        let got = &out[i * rows + 16 * g..][..16];
+                        if g < g0 {
+                            assert!(
+                                got.iter().all(|v| v.is_nan()),
+                                "{dtype:?} group {g} written"
+                            );
+                            continue;
+                        }
+                        let want = packed::dot_group_scalar(&p, g, &acts, r0 + i);
+                        assert_eq!(got, want, "{dtype:?} m={m} r0={r0} row {i} group {g}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,12 +1,13 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
-//! `attention` (with `online_softmax`, its weights of a block), and `elementwise` (dot, softmax,
+//! `amx` (the packed products on AMX tiles, for many rows), `attention` (with `online_softmax`, its weights of a block), and `elementwise` (dot, softmax,
 //! SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
 use super::format::Format;
 use std::arch::x86_64::*;
 
+mod amx;
 mod attention;
 mod elementwise;
 mod online_softmax;
@@ -16,6 +17,7 @@ mod products;
 mod sums;
 mod width;
 
+pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{

@@ -228,7 +228,7 @@ unsafe fn packed_q4k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
 /// The top two bits of four columns, from bits `2i..2i + 2` of each byte of `h`, moved to bits 4
 /// and 5.
 #[inline(always)]
-unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
+pub(super) unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
     let m = W::bytes(0x30);
     match I {
         0 => W::and(W::shl16::<4>(h), m),
@@ -312,7 +312,7 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
 /// Q5_0's fifth bits for step `u` of a block: bits `2u` (low nibbles) or `2u + 1` (high) of
 /// each byte of `h`, moved to bit 4.
 #[inline(always)]
-unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
+pub(super) unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
     let v = match bit {
         0 => W::shl16::<4>(h),
         1 => W::shl16::<3>(h),
@@ -327,7 +327,7 @@ unsafe fn q5_high<W: Width>(h: W::I, bit: u32) -> W::I {
 }
 
 /// MXFP4's values by code, plus 12 (0..24): what `W::lookup` turns the packed codes into.
-const MXFP4_TABLE: [u8; 16] = {
+pub(super) const MXFP4_TABLE: [u8; 16] = {
     let mut t = [0u8; 16];
     let mut c = 0;
     while c < 16 {
