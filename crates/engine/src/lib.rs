@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod error;
 pub mod generate;
 pub mod generation;
