@@ -9,8 +9,8 @@
 
 use super::error::ApiError;
 use super::output::{Call, Choice, Finish, Outputs};
-use super::request::{check_fields, json_body, neutral, typed};
-use super::validate::{self, Conversation, Extras, Names, Settings, EXTRA_FIELDS};
+use super::request::{self, json_body, neutral, read_checked, Shared};
+use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit, unix_now};
 use crate::tenant::Tenant;
 use crate::tools::Tools;
@@ -20,7 +20,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::{Message, PromptEnd, RenderOptions, ResponseFormat};
+use engine::{
+    GenerationSettings, Message, PromptEnd, RenderOptions, ResponseFormat, SamplingSettings,
+};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -30,24 +32,6 @@ const NAMES: Names = Names {
     max_tokens: "max_output_tokens",
     tools: "tools",
 };
-
-/// The fields pld reads (besides `EXTRA_FIELDS`).
-const FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "text",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "metadata",
-    "store",
-    "previous_response_id",
-    "stream",
-];
 
 /// Responses fields accepted only with the value that changes nothing here.
 fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
@@ -73,9 +57,15 @@ fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
     })
 }
 
+/// A request: the settings every API reads, and the Responses API's own fields.
+type ResponsesRequest = (SamplingSettings, Shared, Fields);
+
+/// Fields read whose value `responses_neutral` checks first.
+const VALUE_CHECKED: &[&str] = &["reasoning"];
+
+/// The Responses API's own fields.
 #[derive(Deserialize)]
-struct ResponsesRequest {
-    model: Option<String>,
+struct Fields {
     input: Option<Value>,
     instructions: Option<String>,
     tools: Option<Vec<Value>>,
@@ -83,17 +73,11 @@ struct ResponsesRequest {
     parallel_tool_calls: Option<bool>,
     text: Option<Value>,
     max_output_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
     metadata: Option<Map<String, Value>>,
     store: Option<bool>,
     previous_response_id: Option<String>,
     /// `{"effort": ..., "summary": ...}` (checked by `responses_neutral`).
     reasoning: Option<Value>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(flatten)]
-    extras: Extras,
 }
 
 /// What a response object echoes of its request, and what the answer needs to be built.
@@ -134,10 +118,12 @@ async fn answer(
     tenant: Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let mut value = json_body(body)?;
-    let fields = [FIELDS, EXTRA_FIELDS].concat();
-    check_fields(&mut value, &fields, responses_neutral, state.config.lenient)?;
-    let req: ResponsesRequest = typed(value)?;
+    let req: ResponsesRequest = read_checked(
+        json_body(body)?,
+        VALUE_CHECKED,
+        responses_neutral,
+        state.config.lenient,
+    )?;
     let (conv, echo) = read(state, tenant, &req)?;
     let settings = settings(&req)?;
     let stream = settings.stream;
@@ -176,7 +162,7 @@ pub(super) fn keep(state: &AppState, tenant: Tenant, echo: &Echo, response: &Val
 fn read(
     state: &AppState,
     tenant: Tenant,
-    req: &ResponsesRequest,
+    (sampling, shared, req): &ResponsesRequest,
 ) -> Result<(Conversation, Echo), ApiError> {
     let mut input = match &req.previous_response_id {
         Some(prev) => {
@@ -236,7 +222,7 @@ fn read(
     let echo = Echo {
         id: super::random_id("resp_"),
         created_at: unix_now(),
-        model: answer_model(state, req.model.as_deref()),
+        model: answer_model(state, shared.model.as_deref()),
         instructions: req.instructions.clone(),
         tools: specs,
         tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
@@ -246,8 +232,8 @@ fn read(
             .clone()
             .unwrap_or(json!({"format": {"type": "text"}})),
         max_output_tokens: req.max_output_tokens,
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
+        temperature: sampling.temperature.unwrap_or(1.0),
+        top_p: sampling.top_p.unwrap_or(1.0),
         metadata: req.metadata.clone().map_or(json!({}), Value::Object),
         store: req.store.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
@@ -336,15 +322,8 @@ fn add_item(messages: &mut Vec<Message>, item: &Value, at: Option<usize>) -> Res
                 Some(Value::String(s)) => s.clone(),
                 other => item_text(other, &param)?,
             };
-            let name = messages
-                .iter()
-                .flat_map(|m| m.tool_calls.iter().flatten())
-                .find(|c| c["id"] == call_id)
-                .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
-            let mut m = Message::new("tool", &output);
-            m.tool_call_id = Some(call_id.to_string());
-            m.name = name;
-            messages.push(m);
+            let turn = super::chat::tool_turn(messages, call_id, &output);
+            messages.push(turn);
         }
         other => {
             return bad(format!(
@@ -413,7 +392,7 @@ fn item_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
 /// The function tools, as the response echoes them and as the template and grammar take them.
 /// Other tools (OpenAI's hosted tools, namespaces) are refused, or under `--lenient` dropped with
 /// a log line.
-fn tools(req: &ResponsesRequest, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
+fn tools(req: &Fields, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
     let mut given = req.tools.clone().unwrap_or_default();
     let mut openai = Vec::new();
     let mut dropped = Vec::new();
@@ -458,17 +437,16 @@ fn tools(req: &ResponsesRequest, lenient: bool) -> Result<(Vec<Value>, Option<To
 }
 
 /// The settings under their common names; `text.format` as the output format.
-fn settings(req: &ResponsesRequest) -> Result<Settings, ApiError> {
+fn settings((sampling, shared, req): &ResponsesRequest) -> Result<Settings, ApiError> {
+    let shared = request::settings(sampling, shared);
     Ok(Settings {
-        model: req.model.clone(),
-        max_tokens: req.max_output_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        stop: Vec::new(),
-        format: text_format(req.text.as_ref())?,
+        generation: GenerationSettings {
+            max_tokens: req.max_output_tokens,
+            response_format: text_format(req.text.as_ref())?,
+            ..shared.generation
+        },
         format_field: "text.format",
-        stream: req.stream,
-        ..req.extras.settings()
+        ..shared
     })
 }
 
@@ -691,4 +669,17 @@ fn stored(state: &AppState, id: &str, tenant: Tenant) -> Result<super::store::St
 /// another key's: the answer does not tell them apart).
 fn unknown(id: &str) -> ApiError {
     ApiError::not_found(format!("Response with id '{id}' not found."), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_it_accepts() {
+        super::super::request::assert_reads_what_it_accepts::<ResponsesRequest>(
+            VALUE_CHECKED,
+            responses_neutral,
+        );
+    }
 }
