@@ -6,7 +6,8 @@
 //! `messages_stream`. Errors are in Anthropic's shape.
 
 use super::error::{ApiError, ErrorShape};
-use super::output::{Choice, Finish, Outputs};
+use super::messages_items::message_object;
+use super::output::Outputs;
 use super::request::{self, json_body, neutral, read_checked, Shared};
 use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit};
@@ -484,58 +485,6 @@ fn tools(req: &Fields, lenient: bool) -> Result<Option<Tools>, ApiError> {
     };
     Tools::parse(Some(&Value::Array(openai)), choice.as_ref())
         .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))
-}
-
-/// The model's reasoning as a `thinking` block (unsigned: pld has no signature to give).
-pub(super) fn thinking_block(thinking: &str) -> Value {
-    json!({"type": "thinking", "thinking": thinking, "signature": ""})
-}
-
-/// Anthropic's `stop_reason` and `stop_sequence`.
-pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
-    match finish {
-        Finish::Stop { sequence: Some(s) } => ("stop_sequence", json!(s)),
-        Finish::Stop { sequence: None } => ("end_turn", Value::Null),
-        Finish::Length => ("max_tokens", Value::Null),
-        Finish::ToolCalls => ("tool_use", Value::Null),
-    }
-}
-
-/// Anthropic's usage: `input_tokens` counts only the prompt tokens not read from the cache.
-pub(super) fn usage(u: &super::output::Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt.saturating_sub(u.cached),
-        "output_tokens": u.completion,
-        "cache_read_input_tokens": u.cached,
-        "cache_creation_input_tokens": 0,
-    })
-}
-
-/// A whole message.
-fn message_object(id: &str, model: &str, c: &Choice) -> Value {
-    let mut content = Vec::new();
-    if !c.reasoning.is_empty() {
-        content.push(thinking_block(&c.reasoning));
-    }
-    if !c.text.is_empty() || c.calls.is_empty() {
-        content.push(json!({"type": "text", "text": c.text}));
-    }
-    for call in &c.calls {
-        content.push(
-            json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input()}),
-        );
-    }
-    let (reason, sequence) = stop_reason(&c.finish);
-    json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage(&c.usage),
-    })
 }
 
 #[cfg(test)]
