@@ -219,3 +219,72 @@ impl GenerationOutput {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(s: &GenerationSettings, room: usize) -> Result<GenerationConfig, SettingError> {
+        s.config(&SpecConfig::off(), room, "max_output_tokens")
+    }
+
+    /// Nothing given: the whole room, OpenAI's sampling defaults, the surface's speculation.
+    #[test]
+    fn defaults_fill_the_room() {
+        let c = config(&GenerationSettings::default(), 100).unwrap();
+        assert_eq!(c.max_new_tokens, 100);
+        assert_eq!(
+            c.sampling,
+            SamplingParams::from_request(1.0, 1.0, 0, 0.0, 1.0).unwrap()
+        );
+        assert_eq!(c.speculation, SpecConfig::off());
+        assert_eq!(c.logprobs, None);
+        let unbounded = config(&GenerationSettings::default(), usize::MAX).unwrap();
+        assert_eq!(unbounded.max_new_tokens, usize::MAX);
+    }
+
+    /// A length beyond the room is cut to it; 0 is refused under the surface's name; the checks
+    /// come in order (length, log-probabilities, sampling, speculation).
+    #[test]
+    fn each_setting_is_checked_once_in_order() {
+        let asked = |max_tokens| GenerationSettings {
+            max_tokens: Some(max_tokens),
+            ..Default::default()
+        };
+        assert_eq!(config(&asked(500), 100).unwrap().max_new_tokens, 100);
+        let e = config(&asked(0), 100).unwrap_err();
+        assert_eq!(
+            (e.field, e.message.as_str()),
+            ("max_output_tokens", "max_output_tokens must be at least 1")
+        );
+        let mut bad = GenerationSettings {
+            max_tokens: Some(0),
+            logprobs: Some(MAX_TOP_LOGPROBS + 1),
+            sampling: SamplingSettings {
+                temperature: Some(3.0),
+                ..Default::default()
+            },
+            speculation: SpecOverrides {
+                method: Some("nope".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut fields = Vec::new();
+        while let Err(e) = config(&bad, 100) {
+            fields.push(e.field);
+            match e.field {
+                "max_output_tokens" => bad.max_tokens = None,
+                "logprobs" => bad.logprobs = None,
+                "temperature" => bad.sampling.temperature = None,
+                _ => bad.speculation.method = None,
+            }
+        }
+        assert_eq!(
+            fields,
+            ["max_output_tokens", "logprobs", "temperature", "method"]
+        );
+        assert_eq!(check_choices(MAX_CHOICES).unwrap(), MAX_CHOICES);
+        assert_eq!(check_choices(0).unwrap_err().field, "n");
+    }
+}
