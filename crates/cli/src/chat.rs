@@ -8,8 +8,8 @@ use crate::common::PrefixCacheDirArgs;
 use crate::spec::SpecArgs;
 use clap::Args;
 use engine::{
-    FinishReason, GenerationConfig, GenerationOutput, LoadedModel, Message, PrefixCache,
-    SamplingParams,
+    FinishReason, GenerationConfig, GenerationOutput, GenerationSettings, LoadedModel, Message,
+    PrefixCache, SamplingSettings,
 };
 use rustyline::error::ReadlineError;
 use std::io::Write;
@@ -85,18 +85,19 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     // At the prompt the line editor reads Ctrl-C as a key; while an answer runs it is a signal.
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C: {e}"))?;
-    let config = GenerationConfig {
-        max_new_tokens: a.max_tokens,
-        sampling: SamplingParams {
-            do_sample: a.temperature > 0.0,
-            temperature: a.temperature,
-            top_p: a.top_p,
+    let config = crate::common::generation_config(
+        GenerationSettings {
+            max_tokens: Some(a.max_tokens),
+            sampling: SamplingSettings {
+                temperature: Some(a.temperature),
+                top_p: Some(a.top_p),
+                seed: a.seed,
+                ..Default::default()
+            },
             ..Default::default()
         },
-        seed: a.seed,
         speculation,
-        ..Default::default()
-    };
+    )?;
     let mut chat = Chat {
         prefix: a.prefix_cache.open(&lm)?,
         lm,

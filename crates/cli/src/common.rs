@@ -196,6 +196,18 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// The generation settings of a command's flags, checked and defaulted by the engine
+/// (`GenerationSettings::config`, as the server's and Python's are); the flags' speculation
+/// settings are already merged (`speculation`). An error reads as the engine's own.
+pub fn generation_config(
+    settings: engine::GenerationSettings,
+    speculation: drafting::SpecConfig,
+) -> anyhow::Result<engine::GenerationConfig> {
+    settings
+        .config(&speculation, usize::MAX, "max_new_tokens")
+        .map_err(|e| engine::EngineError::InvalidConfig(e.message).into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;

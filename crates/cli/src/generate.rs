@@ -6,7 +6,9 @@ use crate::common::FormatArgs;
 use crate::spec::SpecArgs;
 use clap::Args;
 use drafting::SpecConfig;
-use engine::{GenerationConfig, GenerationOutput, LoadedModel, Message, SamplingParams};
+use engine::{
+    GenerationConfig, GenerationOutput, GenerationSettings, LoadedModel, Message, SamplingSettings,
+};
 use serde_json::json;
 use std::io::Write;
 
@@ -71,23 +73,25 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
+    /// The settings, checked and defaulted by the engine as the server's and Python's are.
     pub fn config(&self, speculation: SpecConfig) -> anyhow::Result<GenerationConfig> {
-        Ok(GenerationConfig {
-            max_new_tokens: self.max_tokens,
-            sampling: SamplingParams {
-                do_sample: self.temperature > 0.0,
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repetition_penalty: self.repetition_penalty,
+        crate::common::generation_config(
+            GenerationSettings {
+                max_tokens: Some(self.max_tokens),
+                sampling: SamplingSettings {
+                    temperature: Some(self.temperature),
+                    top_p: Some(self.top_p),
+                    top_k: Some(i64::try_from(self.top_k).unwrap_or(i64::MAX)),
+                    min_p: Some(self.min_p),
+                    repetition_penalty: Some(self.repetition_penalty),
+                    seed: self.seed,
+                },
+                stop: self.stop.clone(),
+                response_format: self.format.response_format()?,
+                ..Default::default()
             },
-            seed: self.seed,
             speculation,
-            stop: self.stop.clone(),
-            response_format: self.format.response_format()?,
-            ..Default::default()
-        })
+        )
     }
 
     fn prompt_text(&self, lm: &LoadedModel) -> anyhow::Result<String> {

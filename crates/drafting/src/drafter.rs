@@ -87,7 +87,8 @@ fn scored_chain(
         (Some(a), None) => (a, &own, own.len()),
         (_, Some(b)) => (b, &theirs, 0),
     };
-    let best = candidates.draft_calibrated(k, &params, calibration, out, estimates);
+    let best =
+        crate::evidence::draft_calibrated(candidates, k, &params, calibration, out, estimates);
     Some((n, (best < in_sequence).then(|| candidates.start(best) + n)))
 }
 

@@ -1,4 +1,5 @@
-//! Drafts sized by evidence: the [`Scored`](crate::MatchPolicy::Scored) chain when
+//! The draft of a set of candidates (`draft`: their best path, or the walk below), and drafts
+//! sized by evidence: the [`Scored`](crate::MatchPolicy::Scored) chain when
 //! [`ScoreParams::min_token_probability`] is set.
 //!
 //! Every examined occurrence of the matched suffix n-gram also knows its match length: how many
@@ -29,6 +30,31 @@
 
 use crate::calibration::{band, Calibration, Estimate};
 use crate::scored::{Candidates, ScoreParams, MAX_SCORED_OCCURRENCES};
+
+/// The draft for `k` tokens of candidates `c` under `params`: their
+/// [`best_path`](Candidates::best_path), or the evidence walk where
+/// `params.min_token_probability` is set; returns the rank of the most recent candidate that
+/// follows it.
+pub(crate) fn draft(c: &Candidates, k: usize, params: &ScoreParams, out: &mut Vec<u32>) -> usize {
+    draft_calibrated(c, k, params, None, out, &mut Vec::new())
+}
+
+/// [`draft`] with the evidence walk's estimates calibrated by `calibration` (where given) and its
+/// tokens' uncalibrated estimates appended to `estimates`.
+pub(crate) fn draft_calibrated(
+    c: &Candidates,
+    k: usize,
+    params: &ScoreParams,
+    calibration: Option<&Calibration>,
+    out: &mut Vec<u32>,
+    estimates: &mut Vec<Estimate>,
+) -> usize {
+    if params.min_token_probability > 0.0 {
+        evidence_path(c, k, params, calibration, out, estimates)
+    } else {
+        c.best_path(k, params, out)
+    }
+}
 
 /// Bands of match lengths walked once each: up to 1, 2-3, 4-7, 8-15, 16 and more. (Walking
 /// every distinct length instead drafted the same tokens within 0.05% on the replays.)

@@ -289,7 +289,7 @@ impl NgramIndex {
         let params = self.score_params();
         let mut candidates = Candidates::new(params.max_occurrences);
         let n = self.scored_candidates(k, cursor, &mut candidates)?;
-        let best = candidates.draft(k, &params, out);
+        let best = crate::evidence::draft(&candidates, k, &params, out);
         Some(Match {
             n,
             start: candidates.start(best),

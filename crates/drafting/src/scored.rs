@@ -235,30 +235,6 @@ impl<'a> Candidates<'a> {
         usize::from(self.matched[i])
     }
 
-    /// The draft for `k` tokens under `params`: [`best_path`](Self::best_path), or the evidence
-    /// walk where `params.min_token_probability` is set; returns the rank of the most recent
-    /// candidate that follows it.
-    pub(crate) fn draft(&self, k: usize, params: &ScoreParams, out: &mut Vec<u32>) -> usize {
-        self.draft_calibrated(k, params, None, out, &mut Vec::new())
-    }
-
-    /// [`draft`](Self::draft) with the evidence walk's estimates calibrated by `calibration`
-    /// (where given) and its tokens' uncalibrated estimates appended to `estimates`.
-    pub(crate) fn draft_calibrated(
-        &self,
-        k: usize,
-        params: &ScoreParams,
-        calibration: Option<&crate::calibration::Calibration>,
-        out: &mut Vec<u32>,
-        estimates: &mut Vec<crate::calibration::Estimate>,
-    ) -> usize {
-        if params.min_token_probability > 0.0 {
-            crate::evidence::evidence_path(self, k, params, calibration, out, estimates)
-        } else {
-            self.best_path(k, params, out)
-        }
-    }
-
     /// The start of candidate `i`.
     pub(crate) fn start(&self, i: usize) -> usize {
         self.starts[i] as usize

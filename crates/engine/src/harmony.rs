@@ -13,8 +13,8 @@
 //! the content's tokens. `forced_call_grammar` is the grammar of a required call in this format,
 //! `final_grammar` that of structured output (in the final channel).
 
+use crate::delta::Delta;
 use crate::grammar::ResponseFormat;
-use crate::tools::Delta;
 use serde_json::{json, Value};
 use std::ops::Range;
 

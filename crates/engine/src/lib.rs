@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod error;
 pub mod generate;
 pub mod generation;
@@ -28,7 +29,10 @@ pub mod weights;
 pub use chat::{ChatTemplate, Message, PromptEnd, RenderOptions};
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
-pub use generation::{FinishReason, GenerationConfig, GenerationOutput};
+pub use generation::{
+    check_choices, FinishReason, GenerationConfig, GenerationOutput, GenerationSettings,
+    SamplingSettings, SettingError,
+};
 pub use grammar::ResponseFormat;
 pub use logprobs::{ContentLogprobs, TokenLogprob};
 pub use model::{Config, Model};

@@ -5,6 +5,7 @@
 //! blocks (the format the chat templates that take tools teach the model), or OpenAI's harmony
 //! (gpt-oss: `crate::harmony`).
 
+pub use crate::delta::Delta;
 use crate::grammar::ResponseFormat;
 use crate::harmony::{self, HarmonyStream};
 use serde_json::{json, Value};
@@ -303,15 +304,6 @@ impl ReplyFormat {
             _ => Ok(format),
         }
     }
-}
-
-/// A piece of a reply, as it streams.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Delta {
-    /// What the client sees as the answer.
-    Content(String),
-    /// The model's reasoning (harmony's analysis channel).
-    Reasoning(String),
 }
 
 /// A reply read as it arrives, in its `ReplyFormat`: content and reasoning as they can go out

@@ -2,8 +2,7 @@
 //! the engine's `GenerationConfig`, with the checks every surface makes: a wrong value is an error
 //! naming its field.
 
-use engine::sampling::{MAX_CHOICES, MAX_TOP_LOGPROBS};
-use engine::{GenerationConfig, ResponseFormat, SamplingParams};
+use engine::{GenerationConfig, GenerationSettings, ResponseFormat, SamplingSettings};
 use serde::Deserialize;
 
 /// vLLM's `SamplingParams` fields that pld honours (unknown ones are refused by the Python class).
@@ -73,38 +72,24 @@ impl Sampling {
         serde_json::from_str(json).map_err(|e| field("sampling_params", e.to_string()))
     }
 
-    /// The generation settings, checked; `speculation` is the model's (one per `LLM`).
+    /// The generation settings, checked and defaulted by the engine
+    /// (`GenerationSettings::config`, as the server's); `speculation` is the model's (one per
+    /// `LLM`). `max_tokens` absent fills the context.
     pub fn config(
         &self,
         speculation: drafting::SpecConfig,
     ) -> Result<GenerationConfig, FieldError> {
-        if !(1..=MAX_CHOICES).contains(&self.n) {
-            let m = format!("n must be between 1 and {MAX_CHOICES}, got {}", self.n);
-            return Err(field("n", m));
-        }
-        if self.max_tokens == Some(0) {
-            return Err(field("max_tokens", "max_tokens must be at least 1".into()));
-        }
-        if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-            let m = format!(
-                "at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {}",
-                self.logprobs.unwrap_or(0)
-            );
-            return Err(field("logprobs", m));
-        }
-        let sampling = SamplingParams::from_request(
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.min_p,
-            self.repetition_penalty,
-        )
-        .map_err(|e| field(e.field, e.message))?;
-        Ok(GenerationConfig {
-            max_new_tokens: self.max_tokens.unwrap_or(usize::MAX),
-            sampling,
-            seed: self.seed,
-            speculation,
+        engine::check_choices(self.n).map_err(|e| field(e.field, e.message))?;
+        let settings = GenerationSettings {
+            max_tokens: self.max_tokens,
+            sampling: SamplingSettings {
+                temperature: Some(self.temperature),
+                top_p: Some(self.top_p),
+                top_k: Some(self.top_k),
+                min_p: Some(self.min_p),
+                repetition_penalty: Some(self.repetition_penalty),
+                seed: self.seed,
+            },
             stop: self
                 .stop
                 .iter()
@@ -112,8 +97,13 @@ impl Sampling {
                 .cloned()
                 .collect(),
             logprobs: self.logprobs,
-            response_format: self.response_format()?,
-        })
+            ..Default::default()
+        };
+        let mut config = settings
+            .config(&speculation, usize::MAX, "max_tokens")
+            .map_err(|e| field(e.field, e.message))?;
+        config.response_format = self.response_format()?;
+        Ok(config)
     }
 
     fn response_format(&self) -> Result<ResponseFormat, FieldError> {

@@ -5,6 +5,11 @@
 
 use candle_core::quantized::GgmlDType;
 
+/// MXFP4's block: 32 values in 17 bytes (the exponent byte, 16 bytes of codes), kept here, below
+/// the layout (`format::mxfp4`, which names these), so that the type knows its sizes without it.
+pub(crate) const MXFP4_ELEMS: usize = 32;
+pub(crate) const MXFP4_BYTES: usize = 17;
+
 /// A weight tensor's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorType {
@@ -48,7 +53,7 @@ impl TensorType {
     pub fn block_size(self) -> usize {
         match self {
             TensorType::Ggml(d) => d.block_size(),
-            TensorType::Mxfp4 => super::format::mxfp4::ELEMS,
+            TensorType::Mxfp4 => MXFP4_ELEMS,
         }
     }
 
@@ -56,7 +61,7 @@ impl TensorType {
     pub fn type_size(self) -> usize {
         match self {
             TensorType::Ggml(d) => d.type_size(),
-            TensorType::Mxfp4 => super::format::mxfp4::BYTES,
+            TensorType::Mxfp4 => MXFP4_BYTES,
         }
     }
 

@@ -73,8 +73,8 @@ pub mod q8_0 {
 /// code and `e` an E8M0 exponent byte; `KVALUES` are the E2M1 values doubled (hence the exponent
 /// bias of 128 rather than 127), as ggml decodes them.
 pub mod mxfp4 {
-    pub const ELEMS: usize = 32;
-    pub const BYTES: usize = 17;
+    pub const ELEMS: usize = super::super::dtype::MXFP4_ELEMS;
+    pub const BYTES: usize = super::super::dtype::MXFP4_BYTES;
     /// The E8M0 exponent byte.
     pub const E: usize = 0;
     /// 16 bytes of codes, laid out as Q4_0's values.

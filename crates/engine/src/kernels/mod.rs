@@ -104,6 +104,30 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
     if m == 0 {
         return;
     }
+    let own = own_kernels(x, m, jobs, isa);
+    if own.is_empty() {
+        return;
+    }
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        quantize_acts(isa, x, m, &own, &mut acts);
+        let acts = &*acts;
+        let work = work_items(&own, pool::global().threads());
+        pool::global().run(work.len(), &|i| run_item(isa, m, &own, acts, work[i]));
+    });
+}
+
+/// One matrix of a product: its format, the matrix, where its output goes.
+type Job<'a> = (Format, &'a QMatrix, OutPtr<f32>);
+
+/// The jobs our own kernels run, their shapes checked; the others (formats without our kernels,
+/// or rows not in whole activation blocks) are run here by candle's.
+fn own_kernels<'a>(
+    x: &[f32],
+    m: usize,
+    jobs: &'a mut [(&QMatrix, &mut [f32])],
+    isa: Isa,
+) -> Vec<Job<'a>> {
     let mut own = Vec::new();
     for (w, out) in jobs.iter_mut() {
         assert_eq!(x.len(), m * w.cols, "activation shape");
@@ -126,135 +150,143 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &m
             },
         }
     }
-    if own.is_empty() {
+    own
+}
+
+/// The activations quantized once for every job, in each block size a job's format takes
+/// (slot 0: 32, slot 1: 256).
+fn quantize_acts(isa: Isa, x: &[f32], m: usize, own: &[Job<'_>], acts: &mut [QuantizedActs; 2]) {
+    let k = own[0].1.cols;
+    for (slot, block) in [(0usize, 32usize), (1, 256)] {
+        if own.iter().any(|(f, _, _)| f.act_block() == block) {
+            acts[slot].quantize_with(isa, x, m, k, block);
+            // Passes on AMX tiles read the integers in tile order.
+            if isa == Isa::Amx
+                && m >= AMX_MIN_ROWS
+                && k.is_multiple_of(64)
+                && own
+                    .iter()
+                    .any(|(f, w, _)| f.act_block() == block && w.packed.is_some())
+            {
+                acts[slot].tile();
+            }
+            // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
+            // scales.
+            if block == 32
+                && isa.vnni512()
+                && own
+                    .iter()
+                    .any(|(f, w, _)| f.act_block() == 32 && w.packed.is_none())
+            {
+                acts[slot].spread();
+            }
+        }
+    }
+}
+
+/// Work items: runs of weight rows of one matrix `(job, first row, end row)`, whole groups of 16
+/// rows (for the packed matrices), about four per thread.
+fn work_items(own: &[Job<'_>], threads: usize) -> Vec<(usize, usize, usize)> {
+    let total: usize = own.iter().map(|(_, w, _)| w.rows).sum();
+    let chunk = total
+        .div_ceil(threads * 4)
+        .clamp(8, 512)
+        .next_multiple_of(packed::ROWS);
+    let mut work = Vec::new();
+    for (ji, (_, w, _)) in own.iter().enumerate() {
+        for j0 in (0..w.rows).step_by(chunk) {
+            work.push((ji, j0, (j0 + chunk).min(w.rows)));
+        }
+    }
+    work
+}
+
+/// One work item: rows `j0..j1` of job `ji`'s matrix against every activation row, by the
+/// packed kernel where the matrix has a packed copy the CPU can run, else row by row.
+fn run_item(
+    isa: Isa,
+    m: usize,
+    own: &[Job<'_>],
+    acts: &[QuantizedActs; 2],
+    (ji, j0, j1): (usize, usize, usize),
+) {
+    let (f, w, out_ptr) = own[ji];
+    let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(p), true) = (&w.packed, isa.packs()) {
+        if isa == Isa::Amx && m >= AMX_MIN_ROWS {
+            // Whole tiles of rows, as many as stay in L2 with a group's weights; each call
+            // unpacks a group's weights once for all of its rows.
+            let block = (PACKED_ACT_BYTES / w.cols).next_multiple_of(x86::TILE_ROWS);
+            for r0 in (0..m).step_by(block) {
+                let rows = block.min(m - r0);
+                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`: AMX with the
+                // tile permission, and AVX-512 VNNI); `a` holds the m rows quantized over
+                // w.cols = p.cols columns in the format's blocks (a multiple of 64: the packed
+                // unit), its integers padded to whole tiles of 16 rows and in tile order
+                // (`quantize_acts`), and r0 is a multiple of 16; the writes, rows r0..r0 + rows
+                // at columns j0..j1, stay inside `out` (m * n) and belong to this work item
+                // alone.
+                unsafe {
+                    x86::packed_rows_amx(
+                        p,
+                        j0 / packed::ROWS,
+                        j1 / packed::ROWS,
+                        a,
+                        r0,
+                        rows,
+                        out_ptr.get().add(r0 * w.rows),
+                        w.rows,
+                    )
+                };
+            }
+            return;
+        }
+        // Blocks of activation rows small enough to stay in L2 while every weight group
+        // of the work item passes over them; prefill-sized products go eight rows at a
+        // time over every group of the item (whose weights then stay in L2), so that each
+        // row's outputs are written in order, not sixteen floats to a page per group.
+        let block = if m > 64 {
+            8
+        } else {
+            (PACKED_ACT_BYTES / w.cols).max(8).next_multiple_of(8)
+        };
+        for r0 in (0..m).step_by(block) {
+            let rows = block.min(m - r0);
+            for g in j0 / packed::ROWS..j1 / packed::ROWS {
+                let at = r0 * w.rows + g * packed::ROWS;
+                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`); `a` holds
+                // the m rows quantized over w.cols = p.cols columns in the format's blocks;
+                // the writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
+                // (m * n) and belong to this work item alone.
+                unsafe { packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows) };
+            }
+        }
         return;
     }
-    ACTS.with(|cell| {
-        let mut acts = cell.borrow_mut();
-        let k = own[0].1.cols;
-        for (slot, block) in [(0usize, 32usize), (1, 256)] {
-            if own.iter().any(|(f, _, _)| f.act_block() == block) {
-                acts[slot].quantize_with(isa, x, m, k, block);
-                // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
-                // scales.
-                // Passes on AMX tiles read the integers in tile order.
-                if isa == Isa::Amx
-                    && m >= AMX_MIN_ROWS
-                    && k.is_multiple_of(64)
-                    && own
-                        .iter()
-                        .any(|(f, w, _)| f.act_block() == block && w.packed.is_some())
-                {
-                    acts[slot].tile();
-                }
-                if block == 32
-                    && isa.vnni512()
-                    && own
-                        .iter()
-                        .any(|(f, w, _)| f.act_block() == 32 && w.packed.is_none())
-                {
-                    acts[slot].spread();
-                }
+    let (elems, bytes) = f.super_block();
+    let row_bytes = w.cols / elems * bytes;
+    let wb = w.bytes.as_slice();
+    let n = w.rows;
+    let mut tmp = [0f32; ROW_GROUP];
+    for g0 in (0..m).step_by(ROW_GROUP) {
+        let g = (m - g0).min(ROW_GROUP);
+        for j in j0..j1 {
+            dot_rows(
+                isa,
+                f,
+                &wb[j * row_bytes..(j + 1) * row_bytes],
+                a,
+                g0,
+                &mut tmp[..g],
+            );
+            for (i, v) in tmp[..g].iter().enumerate() {
+                // SAFETY: g0 + i < m and j < n; rows j0..j1 of this matrix belong to
+                // this work item alone, and the output outlives the loop.
+                unsafe { *out_ptr.get().add((g0 + i) * n + j) = *v };
             }
         }
-        let acts = &*acts;
-        // Work items: runs of weight rows of one matrix.
-        let pool = pool::global();
-        let threads = pool.threads();
-        let total: usize = own.iter().map(|(_, w, _)| w.rows).sum();
-        // Whole groups of 16 rows, for the packed matrices.
-        let chunk = total
-            .div_ceil(threads * 4)
-            .clamp(8, 512)
-            .next_multiple_of(packed::ROWS);
-        let mut work = Vec::new();
-        for (ji, (_, w, _)) in own.iter().enumerate() {
-            for j0 in (0..w.rows).step_by(chunk) {
-                work.push((ji, j0, (j0 + chunk).min(w.rows)));
-            }
-        }
-        let run = |&(ji, j0, j1): &(usize, usize, usize)| {
-            let (f, w, out_ptr) = own[ji];
-            let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
-            #[cfg(target_arch = "x86_64")]
-            if let (Some(p), true) = (&w.packed, isa.packs()) {
-                if isa == Isa::Amx && m >= AMX_MIN_ROWS {
-                    // Whole tiles of rows, as many as stay in L2 with a group's weights; each
-                    // call unpacks a group's weights once for all of its rows.
-                    let block = (PACKED_ACT_BYTES / w.cols).next_multiple_of(x86::TILE_ROWS);
-                    for r0 in (0..m).step_by(block) {
-                        let rows = block.min(m - r0);
-                        // SAFETY: the CPU can run `isa` (asserted above: AMX with the tile
-                        // permission, and AVX-512 VNNI); `a` holds the m rows quantized over
-                        // w.cols = p.cols columns in the format's blocks (a multiple of 64: the
-                        // packed unit), its integers padded to whole tiles of 16 rows and in tile
-                        // order (`tile`, above), and r0 is a multiple of 16; the writes, rows r0..r0 + rows at columns j0..j1,
-                        // stay inside `out` (m * n) and belong to this work item alone.
-                        unsafe {
-                            x86::packed_rows_amx(
-                                p,
-                                j0 / packed::ROWS,
-                                j1 / packed::ROWS,
-                                a,
-                                r0,
-                                rows,
-                                out_ptr.get().add(r0 * w.rows),
-                                w.rows,
-                            )
-                        };
-                    }
-                    return;
-                }
-                // Blocks of activation rows small enough to stay in L2 while every weight group
-                // of the work item passes over them; prefill-sized products go eight rows at a
-                // time over every group of the item (whose weights then stay in L2), so that each
-                // row's outputs are written in order, not sixteen floats to a page per group.
-                let block = if m > 64 {
-                    8
-                } else {
-                    (PACKED_ACT_BYTES / w.cols).max(8).next_multiple_of(8)
-                };
-                for r0 in (0..m).step_by(block) {
-                    let rows = block.min(m - r0);
-                    for g in j0 / packed::ROWS..j1 / packed::ROWS {
-                        let at = r0 * w.rows + g * packed::ROWS;
-                        // SAFETY: the CPU can run `isa` (asserted above); `a` holds the m rows
-                        // quantized over w.cols = p.cols columns in the format's blocks; the
-                        // writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
-                        // (m * n) and belong to this work item alone.
-                        unsafe {
-                            packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows)
-                        };
-                    }
-                }
-                return;
-            }
-            let (elems, bytes) = f.super_block();
-            let row_bytes = w.cols / elems * bytes;
-            let wb = w.bytes.as_slice();
-            let n = w.rows;
-            let mut tmp = [0f32; ROW_GROUP];
-            for g0 in (0..m).step_by(ROW_GROUP) {
-                let g = (m - g0).min(ROW_GROUP);
-                for j in j0..j1 {
-                    dot_rows(
-                        isa,
-                        f,
-                        &wb[j * row_bytes..(j + 1) * row_bytes],
-                        a,
-                        g0,
-                        &mut tmp[..g],
-                    );
-                    for (i, v) in tmp[..g].iter().enumerate() {
-                        // SAFETY: g0 + i < m and j < n; rows j0..j1 of this matrix belong to
-                        // this work item alone, and the output outlives the loop.
-                        unsafe { *out_ptr.get().add((g0 + i) * n + j) = *v };
-                    }
-                }
-            }
-        };
-        pool.run(work.len(), &|i| run(&work[i]));
-    });
+    }
 }
 
 /// One weight row against activation rows `r0..r0 + out.len()`.

@@ -1,10 +1,13 @@
 //! OpenAI's chat and text completions (`/v1/chat/completions`, `/v1/completions`): the body
-//! (`request::WireRequest`) read into the common `Conversation` or prompt and `Settings`, checked
+//! (`request::WireRequest`: the `Shared` settings, the fields of both endpoints, each one's own) read into the common `Conversation` or prompt and `Settings`, checked
 //! by `validate`, and answered in OpenAI's shapes, whole (`response`) or streamed (`stream`).
 
 use super::error::ApiError;
 use super::output::Outputs;
-use super::request::{self, missing, ChatMessage, Content, Stop, WireRequest};
+use super::request::{
+    self, missing, ChatFields, ChatMessage, Completion, Content, Prompt, Stop, TextFields,
+    WireRequest,
+};
 use super::response::{self, Meta};
 use super::validate::{self, Conversation, Names, Settings};
 use super::{request_id, submit, unix_now, Kind};
@@ -14,9 +17,8 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use drafting::SpecOverrides;
 use engine::sampling::MAX_TOP_LOGPROBS;
-use engine::{Message, PromptEnd, ResponseFormat};
+use engine::{GenerationSettings, Message, PromptEnd, ResponseFormat};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -39,17 +41,19 @@ pub(super) async fn complete(
 ) -> Result<Response, ApiError> {
     let req = request::parse(body, kind, state.config.lenient)?;
     let settings = settings(&req, kind)?;
-    let valid = match kind {
-        Kind::Chat => {
-            let conv = conversation(&req)?;
+    let valid = match &req.prompt {
+        Prompt::Chat(chat) => {
+            let conv = conversation(chat)?;
             validate::chat(state, conv, settings, kind.names()).await?
         }
-        Kind::Text => validate::text(state, text_prompt(&req)?, settings, kind.names()).await?,
+        Prompt::Text(text) => {
+            validate::text(state, text_prompt(text)?, settings, kind.names()).await?
+        }
     };
     let meta = Meta {
         id: request_id(kind.id_prefix()),
         created: unix_now(),
-        model: super::answer_model(state, req.model.as_deref()),
+        model: super::answer_model(state, req.shared.model.as_deref()),
         kind,
         lm: state.lm.clone(),
         logprobs: valid.config.logprobs.is_some(),
@@ -66,7 +70,7 @@ pub(super) async fn complete(
 }
 
 /// The text completion's one prompt string.
-fn text_prompt(req: &WireRequest) -> Result<String, ApiError> {
+fn text_prompt(req: &TextFields) -> Result<String, ApiError> {
     match req.prompt.as_ref().ok_or_else(|| missing("prompt"))? {
         Value::String(s) => Ok(s.clone()),
         Value::Array(a) if a.len() == 1 && a[0].is_string() => {
@@ -80,7 +84,7 @@ fn text_prompt(req: &WireRequest) -> Result<String, ApiError> {
 }
 
 /// The chat's messages, tools, prompt end and reasoning effort.
-fn conversation(req: &WireRequest) -> Result<Conversation, ApiError> {
+fn conversation(req: &ChatFields) -> Result<Conversation, ApiError> {
     let mut conv = conversation_of(
         req.messages.as_deref(),
         req.tools.as_ref(),
@@ -145,34 +149,25 @@ pub(super) fn conversation_of(
 
 /// The settings under their common names.
 fn settings(req: &WireRequest, kind: Kind) -> Result<Settings, ApiError> {
-    let (format, format_field) = format_asked(req)?;
+    let c = &req.completion;
+    let (format, format_field) = format_asked(c)?;
+    let shared = request::settings(&req.sampling, &req.shared);
     Ok(Settings {
-        model: req.model.clone(),
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        repetition_penalty: req.repetition_penalty,
-        seed: req.seed,
-        stop: match &req.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s.clone()],
-            Some(Stop::Many(v)) => v.clone(),
+        n: c.n,
+        generation: GenerationSettings {
+            max_tokens: c.max_completion_tokens.or(c.max_tokens),
+            stop: match &c.stop {
+                None => Vec::new(),
+                Some(Stop::One(s)) => vec![s.clone()],
+                Some(Stop::Many(v)) => v.clone(),
+            },
+            logprobs: logprobs(c, kind)?,
+            response_format: format,
+            ..shared.generation
         },
-        n: req.n,
-        speculative_config: req.speculative_config.clone(),
-        speculation: SpecOverrides {
-            num_speculative_tokens: req.num_speculative_tokens,
-            prompt_lookup_max: req.prompt_lookup_max,
-            prompt_lookup_min: req.prompt_lookup_min,
-            ..Default::default()
-        },
-        logprobs: logprobs(req, kind)?,
-        format,
         format_field,
-        stream: req.stream,
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        ..shared
     })
 }
 
@@ -269,6 +264,19 @@ pub(super) fn template_call(id: Value, name: Value, arguments: Value) -> Value {
     })
 }
 
+/// A `tool` turn with `content` answering call `id`, named after that call among the turns before.
+pub(super) fn tool_turn(earlier: &[Message], id: &str, content: &str) -> Message {
+    let name = earlier
+        .iter()
+        .flat_map(|m| m.tool_calls.iter().flatten())
+        .find(|c| c["id"] == id)
+        .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
+    let mut turn = Message::new("tool", content);
+    turn.tool_call_id = Some(id.to_string());
+    turn.name = name;
+    turn
+}
+
 /// Where the rendered prompt ends, from vLLM's `add_generation_prompt` and
 /// `continue_final_message`.
 pub(super) fn prompt_end(
@@ -290,7 +298,7 @@ pub(super) fn prompt_end(
 }
 
 /// The `logprobs` setting: `None` for none, or the number of alternatives per token.
-pub(super) fn logprobs(req: &WireRequest, kind: Kind) -> Result<Option<usize>, ApiError> {
+pub(super) fn logprobs(req: &Completion, kind: Kind) -> Result<Option<usize>, ApiError> {
     let top = match (kind, &req.logprobs) {
         (_, None | Some(Value::Null)) | (Kind::Chat, Some(Value::Bool(false))) => {
             if req.top_logprobs.is_some_and(|t| t > 0) {
@@ -331,7 +339,7 @@ pub(super) fn logprobs(req: &WireRequest, kind: Kind) -> Result<Option<usize>, A
 
 /// The format asked for, from `response_format` or llama.cpp's `json_schema` or `grammar` (one of
 /// them at most), and the field that asked for it.
-fn format_asked(req: &WireRequest) -> Result<(ResponseFormat, &'static str), ApiError> {
+fn format_asked(req: &Completion) -> Result<(ResponseFormat, &'static str), ApiError> {
     let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
     let asked = [
         ("response_format", given(&req.response_format)),

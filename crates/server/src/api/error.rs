@@ -20,10 +20,10 @@ pub enum ErrorShape {
 #[derive(Debug)]
 pub struct ApiError {
     pub(crate) status: StatusCode,
-    message: String,
+    pub(crate) message: String,
     /// OpenAI's `type`: `invalid_request_error`, `server_error`, ...
     kind: &'static str,
-    param: Option<String>,
+    pub(crate) param: Option<String>,
     code: Option<&'static str>,
     shape: ErrorShape,
 }

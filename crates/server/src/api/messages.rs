@@ -6,9 +6,10 @@
 //! `messages_stream`. Errors are in Anthropic's shape.
 
 use super::error::{ApiError, ErrorShape};
-use super::output::{Choice, Finish, Outputs};
-use super::request::{check_fields, json_body, neutral, typed};
-use super::validate::{self, Conversation, Extras, Names, Settings, EXTRA_FIELDS};
+use super::messages_items::message_object;
+use super::output::Outputs;
+use super::request::{self, json_body, neutral, read_checked, Shared};
+use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit};
 use crate::tenant::Tenant;
 use crate::tools::Tools;
@@ -18,7 +19,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::{Message, PromptEnd, RenderOptions};
+use engine::{GenerationSettings, Message, PromptEnd, RenderOptions, SamplingSettings};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -28,23 +29,6 @@ const NAMES: Names = Names {
     max_tokens: "max_tokens",
     tools: "tools",
 };
-
-/// The fields pld reads (besides `EXTRA_FIELDS`).
-const FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "messages",
-    "system",
-    "stop_sequences",
-    "temperature",
-    "top_p",
-    "metadata",
-    "tools",
-    "tool_choice",
-    "stream",
-    "output_config",
-    "thinking",
-];
 
 /// Messages fields accepted only with the value that changes nothing here.
 fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
@@ -73,29 +57,37 @@ fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
         "cache_control" => v.is_null() || v.is_object(),
         "inference_geo" | "user_profile_id" | "workspace_id" => v.is_null() || v.is_string(),
         "speed" => v.is_null() || v == "standard",
+        // Anthropic's `{"user_id": ...}`: nothing here reads it.
+        "metadata" => true,
         _ => return neutral(field, v),
     })
 }
 
+/// A request: the settings every API reads, and the Messages API's own fields.
+type MessagesRequest = (SamplingSettings, Shared, Fields);
+
+/// The Messages API's own fields.
 #[derive(Deserialize)]
-struct MessagesRequest {
-    model: Option<String>,
+struct Fields {
     max_tokens: Option<usize>,
     messages: Option<Vec<WireMessage>>,
     system: Option<Value>,
     stop_sequences: Option<Vec<String>>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
-    #[serde(default)]
-    stream: bool,
     /// `{"format": {"type": "json_schema", "schema": ...}, "effort": ...}`.
     output_config: Option<Value>,
     /// `{"type": "enabled", "budget_tokens": N}`, `{"type": "disabled"}` or `{"type": "adaptive"}`.
     thinking: Option<Value>,
-    #[serde(flatten)]
-    extras: Extras,
+}
+
+/// The fields read but not accepted: `count_tokens` takes no `max_tokens`.
+fn left_out(count: bool) -> &'static [&'static str] {
+    if count {
+        &["max_tokens"]
+    } else {
+        &[]
+    }
 }
 
 #[derive(Deserialize)]
@@ -110,19 +102,16 @@ fn read_body(
     body: Result<Bytes, BytesRejection>,
     count: bool,
 ) -> Result<MessagesRequest, ApiError> {
-    let mut value = json_body(body)?;
-    let fields: Vec<&str> = FIELDS
-        .iter()
-        .chain(EXTRA_FIELDS)
-        .copied()
-        .filter(|f| !count || *f != "max_tokens")
-        .collect();
-    check_fields(&mut value, &fields, messages_neutral, state.config.lenient)?;
-    let req: MessagesRequest = typed(value)?;
-    if req.model.is_none() {
+    let req: MessagesRequest = read_checked(
+        json_body(body)?,
+        left_out(count),
+        messages_neutral,
+        state.config.lenient,
+    )?;
+    if req.1.model.is_none() {
         return Err(super::request::missing("model"));
     }
-    if !count && req.max_tokens.is_none() {
+    if !count && req.2.max_tokens.is_none() {
         return Err(super::request::missing("max_tokens"));
     }
     Ok(req)
@@ -131,10 +120,11 @@ fn read_body(
 /// The model the request names, checked (under `--lenient` an unknown name is logged and served
 /// by the one model: agents ask for their vendor's model names by default).
 fn model_named(state: &AppState, req: &MessagesRequest) -> Result<Option<String>, ApiError> {
-    match validate::check_model(state, req.model.as_deref()) {
-        Ok(()) => Ok(req.model.clone()),
+    let named = &req.1.model;
+    match validate::check_model(state, named.as_deref()) {
+        Ok(()) => Ok(named.clone()),
         Err(_) if state.config.lenient => {
-            tracing::warn!(model = ?req.model, "unknown model: served by {}", state.config.model_name());
+            tracing::warn!(model = ?named, "unknown model: served by {}", state.config.model_name());
             Ok(None)
         }
         Err(e) => Err(e),
@@ -203,17 +193,21 @@ pub(super) async fn count_tokens(
     finish(&state, result)
 }
 
-fn settings(req: &MessagesRequest, model: Option<String>) -> Result<Settings, ApiError> {
+fn settings(
+    (sampling, shared, req): &MessagesRequest,
+    model: Option<String>,
+) -> Result<Settings, ApiError> {
+    let shared = request::settings(sampling, shared);
     Ok(Settings {
         model,
-        max_tokens: req.max_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        stop: req.stop_sequences.clone().unwrap_or_default(),
-        format: output_format(req.output_config.as_ref())?,
+        generation: GenerationSettings {
+            max_tokens: req.max_tokens,
+            stop: req.stop_sequences.clone().unwrap_or_default(),
+            response_format: output_format(req.output_config.as_ref())?,
+            ..shared.generation
+        },
         format_field: "output_config.format",
-        stream: req.stream,
-        ..req.extras.settings()
+        ..shared
     })
 }
 
@@ -255,7 +249,7 @@ fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiEr
 }
 
 /// The system prompt, the messages and the tools as the template takes them.
-fn conversation(req: &MessagesRequest, lenient: bool) -> Result<Conversation, ApiError> {
+fn conversation((_, _, req): &MessagesRequest, lenient: bool) -> Result<Conversation, ApiError> {
     let wire = req
         .messages
         .as_ref()
@@ -431,15 +425,8 @@ fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result
                 } else {
                     content
                 };
-                let name = messages
-                    .iter()
-                    .flat_map(|m| m.tool_calls.iter().flatten())
-                    .find(|c| c["id"] == id)
-                    .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
-                let mut tool = Message::new("tool", &content);
-                tool.tool_call_id = Some(id.to_string());
-                tool.name = name;
-                messages.push(tool);
+                let turn = super::chat::tool_turn(messages, id, &content);
+                messages.push(turn);
             }
             (other, _) => return Err(unsupported_block(other, &at)),
         }
@@ -457,7 +444,7 @@ fn add_message(messages: &mut Vec<Message>, m: &WireMessage, i: usize) -> Result
 
 /// The tools (`name`, `description`, `input_schema`) and `tool_choice`, checked as chat's.
 /// Anthropic's server tools are refused, or under `--lenient` dropped with a log line.
-fn tools(req: &MessagesRequest, lenient: bool) -> Result<Option<Tools>, ApiError> {
+fn tools(req: &Fields, lenient: bool) -> Result<Option<Tools>, ApiError> {
     let mut openai = Vec::new();
     for (i, t) in req.tools.iter().flatten().enumerate() {
         let param = format!("tools[{i}]");
@@ -500,61 +487,17 @@ fn tools(req: &MessagesRequest, lenient: bool) -> Result<Option<Tools>, ApiError
         .map_err(|(m, p)| ApiError::bad_request(m, Some(&p)))
 }
 
-/// The model's reasoning as a `thinking` block (unsigned: pld has no signature to give).
-pub(super) fn thinking_block(thinking: &str) -> Value {
-    json!({"type": "thinking", "thinking": thinking, "signature": ""})
-}
-
-/// Anthropic's `stop_reason` and `stop_sequence`.
-pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
-    match finish {
-        Finish::Stop { sequence: Some(s) } => ("stop_sequence", json!(s)),
-        Finish::Stop { sequence: None } => ("end_turn", Value::Null),
-        Finish::Length => ("max_tokens", Value::Null),
-        Finish::ToolCalls => ("tool_use", Value::Null),
-    }
-}
-
-/// Anthropic's usage: `input_tokens` counts only the prompt tokens not read from the cache.
-pub(super) fn usage(u: &super::output::Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt.saturating_sub(u.cached),
-        "output_tokens": u.completion,
-        "cache_read_input_tokens": u.cached,
-        "cache_creation_input_tokens": 0,
-    })
-}
-
-/// A whole message.
-fn message_object(id: &str, model: &str, c: &Choice) -> Value {
-    let mut content = Vec::new();
-    if !c.reasoning.is_empty() {
-        content.push(thinking_block(&c.reasoning));
-    }
-    if !c.text.is_empty() || c.calls.is_empty() {
-        content.push(json!({"type": "text", "text": c.text}));
-    }
-    for call in &c.calls {
-        content.push(
-            json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input()}),
-        );
-    }
-    let (reason, sequence) = stop_reason(&c.finish);
-    json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage(&c.usage),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_what_it_accepts() {
+        super::super::request::assert_reads_what_it_accepts::<MessagesRequest>(
+            &[],
+            messages_neutral,
+        );
+    }
 
     #[test]
     fn thinking_budgets_become_efforts() {

@@ -6,7 +6,7 @@
 //! reason and output tokens) and `message_stop`. A failure is an `error` event; while
 //! nothing else is sent (a long prefill) a `ping` goes out every 10 s.
 
-use super::messages::{stop_reason, thinking_block, usage};
+use super::messages_items::{stop_reason, thinking_block, usage};
 use super::output::{Call, Outputs, Piece, Usage};
 use super::stream::Chunk;
 use axum::response::sse::{Event as SseEvent, Sse};

@@ -4,11 +4,14 @@
 //! `chat` reads it into the common request that `validate` checks.
 
 use super::error::ApiError;
+use super::validate::Settings;
 use super::Kind;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use drafting::SpecOverrides;
+use engine::{GenerationSettings, SamplingSettings};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -56,29 +59,49 @@ pub(super) struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// The fields pld reads, of both endpoints (those of the other endpoint were refused or dropped
-/// by `check_fields`).
+/// The settings every API reads under the same names besides the sampling settings
+/// (`engine::SamplingSettings`, read beside it): OpenAI's, and pld's own speculation settings,
+/// under vLLM's and Hugging Face's names.
 #[derive(Deserialize)]
-pub(super) struct WireRequest {
+pub(super) struct Shared {
     /// The served model's name; absent or null means the served model (one model per server).
     pub model: Option<String>,
-    pub max_tokens: Option<usize>,
-    pub max_completion_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Option<Stop>,
-    pub n: Option<usize>,
     #[serde(default)]
     pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
+    pub speculative_config: Option<SpecOverrides>,
     pub num_speculative_tokens: Option<usize>,
     pub prompt_lookup_max: Option<usize>,
     pub prompt_lookup_min: Option<usize>,
-    pub speculative_config: Option<SpecOverrides>,
+}
+
+/// Settings holding those every API reads (the rest default, for the API's reader to fill).
+pub(super) fn settings(sampling: &SamplingSettings, shared: &Shared) -> Settings {
+    Settings {
+        model: shared.model.clone(),
+        generation: GenerationSettings {
+            sampling: sampling.clone(),
+            speculative_config: shared.speculative_config.clone(),
+            speculation: SpecOverrides {
+                num_speculative_tokens: shared.num_speculative_tokens,
+                prompt_lookup_max: shared.prompt_lookup_max,
+                prompt_lookup_min: shared.prompt_lookup_min,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        stream: shared.stream,
+        ..Default::default()
+    }
+}
+
+/// The fields both completion endpoints read besides `Shared`.
+#[derive(Deserialize)]
+pub(super) struct Completion {
+    pub max_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub stop: Option<Stop>,
+    pub n: Option<usize>,
+    pub stream_options: Option<StreamOptions>,
     /// Chat: true or false (with `top_logprobs`); text completions: the number of alternatives.
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<usize>,
@@ -88,8 +111,11 @@ pub(super) struct WireRequest {
     /// llama.cpp's extensions: a JSON Schema, or a grammar in GBNF.
     pub json_schema: Option<Value>,
     pub grammar: Option<String>,
+}
 
-    // Chat completions only.
+/// The fields of chat completions only.
+#[derive(Deserialize)]
+pub(super) struct ChatFields {
     /// Required; `None` only when absent (a null is a wrong type).
     #[serde(default, deserialize_with = "present")]
     pub messages: Option<Vec<ChatMessage>>,
@@ -100,11 +126,28 @@ pub(super) struct WireRequest {
     pub continue_final_message: Option<bool>,
     /// `low`, `medium` or `high`, for templates that take it (gpt-oss's).
     pub reasoning_effort: Option<String>,
+}
 
-    // Text completions only.
+/// The fields of text completions only.
+#[derive(Deserialize)]
+pub(super) struct TextFields {
     /// Required; `None` only when absent (a null is refused as not a string).
     #[serde(default, deserialize_with = "present")]
     pub prompt: Option<Value>,
+}
+
+/// A chat or text completion as the client sent it.
+pub(super) struct WireRequest {
+    pub sampling: SamplingSettings,
+    pub shared: Shared,
+    pub completion: Completion,
+    pub prompt: Prompt,
+}
+
+/// The fields of one endpoint only.
+pub(super) enum Prompt {
+    Chat(ChatFields),
+    Text(TextFields),
 }
 
 /// A required field, read even when null: absent is `None` (through `default`).
@@ -116,49 +159,6 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 pub(super) fn missing(field: &str) -> ApiError {
     ApiError::bad_request(format!("invalid request: missing field `{field}`"), None)
 }
-
-impl Kind {
-    /// The fields of this endpoint's requests that pld reads, besides `COMMON_FIELDS`.
-    fn fields(self) -> &'static [&'static str] {
-        match self {
-            Kind::Chat => &[
-                "messages",
-                "tools",
-                "tool_choice",
-                "add_generation_prompt",
-                "continue_final_message",
-                "reasoning_effort",
-            ],
-            Kind::Text => &["prompt"],
-        }
-    }
-}
-
-/// Fields read by both endpoints.
-pub(super) const COMMON_FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "seed",
-    "stop",
-    "n",
-    "stream",
-    "stream_options",
-    "num_speculative_tokens",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-    "speculative_config",
-    "logprobs",
-    "top_logprobs",
-    "response_format",
-    "json_schema",
-    "grammar",
-];
 
 /// OpenAI fields accepted only with the value that changes nothing (what pld does anyway);
 /// any other value is refused rather than silently ignored.
@@ -231,17 +231,152 @@ pub(super) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
 }
 
-/// A checked body deserialized into an API's fields; a field of the wrong type is a 400 naming
-/// it by its path.
-pub(super) fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+/// The fields a struct reads, as serde names them (renames applied), asked of the struct by a
+/// deserializer that records them and reads nothing. Every API's list of accepted fields is made
+/// of these, so that a field is accepted exactly when a struct reads it.
+///
+/// # Panics
+/// When `T` is not a plain struct (a `#[serde(flatten)]` field hides the names).
+pub(super) fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    match T::deserialize(names::Recorder) {
+        Err(names::Recorded(Some(fields))) => fields,
+        _ => panic!(
+            "{} does not name its fields to serde",
+            std::any::type_name::<T>()
+        ),
+    }
+}
+
+mod names {
+    use serde::de::{Deserializer, Visitor};
+    use std::fmt;
+
+    /// A deserializer that answers every request with an error, carrying the field names when
+    /// asked for a struct.
+    pub(super) struct Recorder;
+
+    #[derive(Debug)]
+    pub(super) struct Recorded(pub Option<&'static [&'static str]>);
+
+    impl fmt::Display for Recorded {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("field names recorded")
+        }
+    }
+
+    impl std::error::Error for Recorded {}
+
+    impl serde::de::Error for Recorded {
+        fn custom<T: fmt::Display>(_: T) -> Self {
+            Recorded(None)
+        }
+    }
+
+    impl<'de> Deserializer<'de> for Recorder {
+        type Error = Recorded;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Recorded> {
+            Err(Recorded(None))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Recorded> {
+            Err(Recorded(Some(fields)))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+}
+
+/// Structs that read one body side by side, each its own fields. None flattens another
+/// (`#[serde(flatten)]`): serde reads a flattened struct from a buffer, after the rest, and the
+/// error of a field of the wrong type then loses its path, which the 400 names.
+pub(super) trait Body: Sized {
+    /// Every field the structs read.
+    fn fields() -> Vec<&'static str>;
+
+    /// The structs read from `body`; of their errors, the one at the body's earliest field: the
+    /// error one struct reading every field would have met first.
+    fn read(body: &Value) -> Result<Self, ApiError>;
+}
+
+macro_rules! side_by_side {
+    ($($t:ident),+) => {
+        impl<$($t: DeserializeOwned),+> Body for ($($t,)+) {
+            fn fields() -> Vec<&'static str> {
+                [$(field_names::<$t>()),+].concat()
+            }
+
+            #[allow(non_snake_case)]
+            fn read(body: &Value) -> Result<Self, ApiError> {
+                match ($(read_one::<$t>(body),)+) {
+                    ($(Ok($t),)+) => Ok(($($t,)+)),
+                    ($($t,)+) => Err(earliest([$($t.err()),+])),
+                }
+            }
+        }
+    };
+}
+
+side_by_side!(A);
+side_by_side!(A, B);
+side_by_side!(A, B, C);
+side_by_side!(A, B, C, D);
+
+/// One struct read from a checked body, a field of the wrong type a 400 naming it by its path;
+/// the error comes with the position of its field in the body.
+fn read_one<T: DeserializeOwned>(body: &Value) -> Result<T, (usize, ApiError)> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let at = match e.path().iter().next() {
+            Some(serde_path_to_error::Segment::Map { key }) => body
+                .as_object()
+                .and_then(|o| o.keys().position(|k| k == key)),
+            _ => None,
+        };
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
-        ApiError::bad_request(
+        let error = ApiError::bad_request(
             format!("invalid request: {}", e.into_inner()),
             param.as_deref(),
-        )
+        );
+        (at.unwrap_or(usize::MAX), error)
     })
+}
+
+fn earliest<const N: usize>(errors: [Option<(usize, ApiError)>; N]) -> ApiError {
+    errors
+        .into_iter()
+        .flatten()
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, e)| e)
+        .expect("one of the reads failed")
+}
+
+/// A body checked against `B`'s fields (less those `neutral` checks first, `checked`) and read.
+pub(super) fn read_checked<B: Body>(
+    mut body: Value,
+    checked: &[&str],
+    neutral: fn(&str, &Value) -> Option<bool>,
+    lenient: bool,
+) -> Result<B, ApiError> {
+    check_fields(&mut body, &accepted::<B>(checked), neutral, lenient)?;
+    B::read(&body)
+}
+
+/// The fields of `B` accepted by name: those it reads, less `checked`.
+fn accepted<B: Body>(checked: &[&str]) -> Vec<&'static str> {
+    B::fields()
+        .into_iter()
+        .filter(|f| !checked.contains(f))
+        .collect()
 }
 
 /// Reads a chat or text completion's body into its fields, turning every way it can be wrong
@@ -252,10 +387,72 @@ pub(super) fn parse(
     kind: Kind,
     lenient: bool,
 ) -> Result<WireRequest, ApiError> {
-    let mut value = json_body(body)?;
-    let known: Vec<&str> = COMMON_FIELDS.iter().chain(kind.fields()).copied().collect();
-    check_fields(&mut value, &known, neutral, lenient)?;
-    typed(value)
+    let value = json_body(body)?;
+    Ok(match kind {
+        Kind::Chat => {
+            let (sampling, shared, completion, chat) = read_checked(value, &[], neutral, lenient)?;
+            WireRequest {
+                sampling,
+                shared,
+                completion,
+                prompt: Prompt::Chat(chat),
+            }
+        }
+        Kind::Text => {
+            let (sampling, shared, completion, text) = read_checked(value, &[], neutral, lenient)?;
+            WireRequest {
+                sampling,
+                shared,
+                completion,
+                prompt: Prompt::Text(text),
+            }
+        }
+    })
+}
+
+/// Checks that a body `B` accepts exactly the fields it reads: each read by one struct (a setting
+/// written once), every one accepted (by name, or by value: `value_checked`, which `neutral`
+/// answers for), the name accepted the name read (a value of the wrong type is refused naming
+/// it), and a field no struct reads refused.
+#[cfg(test)]
+pub(super) fn assert_reads_what_it_accepts<B: Body>(
+    value_checked: &[&str],
+    neutral: fn(&str, &Value) -> Option<bool>,
+) {
+    let read = B::fields();
+    let mut once = read.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!(once.len(), read.len(), "a field read twice: {read:?}");
+    for field in value_checked {
+        assert!(read.contains(field), "{field} is not read");
+        assert!(
+            neutral(field, &Value::Null).is_some(),
+            "{field} is not checked"
+        );
+    }
+    for field in &read {
+        let mut body = serde_json::json!({ *field: null });
+        let known = accepted::<B>(value_checked);
+        assert!(
+            check_fields(&mut body, &known, neutral, false).is_ok(),
+            "{field} refused"
+        );
+        for probe in [serde_json::json!(true), serde_json::json!("probe")] {
+            let mut body = serde_json::json!({ *field: probe });
+            if let Err(e) = read_checked::<B>(body.take(), value_checked, neutral, false) {
+                let param = e.param.unwrap_or_default();
+                assert!(
+                    param.starts_with(field) || value_checked.contains(field),
+                    "{field}: {}",
+                    e.message
+                );
+            }
+        }
+    }
+    let mut stray = serde_json::json!({"not_read": 1});
+    let e = read_checked::<B>(stray.take(), value_checked, neutral, false).err();
+    assert_eq!(e.and_then(|e| e.param).as_deref(), Some("not_read"));
 }
 
 #[cfg(test)]
@@ -263,22 +460,70 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn completions_read_what_they_accept() {
+        assert_reads_what_it_accepts::<(SamplingSettings, Shared, Completion, ChatFields)>(
+            &[],
+            neutral,
+        );
+        assert_reads_what_it_accepts::<(SamplingSettings, Shared, Completion, TextFields)>(
+            &[],
+            neutral,
+        );
+    }
+
+    #[test]
+    fn field_names_are_serde_names() {
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Renamed {
+            #[serde(rename = "type")]
+            kind: Option<String>,
+            plain: Option<u32>,
+        }
+        assert_eq!(field_names::<Renamed>(), ["type", "plain"]);
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Flat {
+            #[serde(flatten)]
+            inner: Renamed,
+        }
+        assert!(std::panic::catch_unwind(field_names::<Flat>).is_err());
+    }
+
+    /// Of two fields of the wrong type read by different structs, the error names the first in
+    /// the body, as one struct reading both would.
+    #[test]
+    fn the_earliest_wrong_field_is_named() {
+        let body = serde_json::json!({"max_tokens": "x", "temperature": "y", "messages": []});
+        let e = <(SamplingSettings, Shared, Completion, ChatFields)>::read(&body)
+            .err()
+            .unwrap();
+        let first = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .find(|k| *k != "messages")
+            .cloned();
+        assert_eq!(e.param, first);
+    }
+
     /// JSON values whose object keys are mostly the request's own fields, so that the typed
     /// reading is reached with wrong types, nesting and values.
     fn request_like() -> impl Strategy<Value = Value> {
-        let keys: Vec<&'static str> = COMMON_FIELDS
-            .iter()
-            .copied()
-            .chain([
-                "messages",
-                "prompt",
-                "role",
-                "content",
-                "logit_bias",
-                "tools",
-                "x",
-            ])
-            .collect();
+        let keys: Vec<&'static str> =
+            <(SamplingSettings, Shared, Completion, ChatFields)>::fields()
+                .into_iter()
+                .chain([
+                    "messages",
+                    "prompt",
+                    "role",
+                    "content",
+                    "logit_bias",
+                    "tools",
+                    "x",
+                ])
+                .collect();
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),
@@ -308,7 +553,7 @@ mod tests {
             let bytes = Bytes::from(serde_json::to_vec(&v).unwrap());
             match parse(Ok(bytes), kind, lenient) {
                 Ok(request) => {
-                    let _ = super::super::chat::logprobs(&request, kind);
+                    let _ = super::super::chat::logprobs(&request.completion, kind);
                 }
                 Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
             }

@@ -8,9 +8,10 @@
 //! in the `ResponseStore`.
 
 use super::error::ApiError;
-use super::output::{Call, Choice, Finish, Outputs};
-use super::request::{check_fields, json_body, neutral, typed};
-use super::validate::{self, Conversation, Extras, Names, Settings, EXTRA_FIELDS};
+use super::output::Outputs;
+use super::request::{self, json_body, neutral, read_checked, Shared};
+use super::responses_items::{keep, response_object, Echo};
+use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit, unix_now};
 use crate::tenant::Tenant;
 use crate::tools::Tools;
@@ -20,7 +21,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::{Message, PromptEnd, RenderOptions, ResponseFormat};
+use engine::{
+    GenerationSettings, Message, PromptEnd, RenderOptions, ResponseFormat, SamplingSettings,
+};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -30,24 +33,6 @@ const NAMES: Names = Names {
     max_tokens: "max_output_tokens",
     tools: "tools",
 };
-
-/// The fields pld reads (besides `EXTRA_FIELDS`).
-const FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "text",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "metadata",
-    "store",
-    "previous_response_id",
-    "stream",
-];
 
 /// Responses fields accepted only with the value that changes nothing here.
 fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
@@ -73,9 +58,15 @@ fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
     })
 }
 
+/// A request: the settings every API reads, and the Responses API's own fields.
+type ResponsesRequest = (SamplingSettings, Shared, Fields);
+
+/// Fields read whose value `responses_neutral` checks first.
+const VALUE_CHECKED: &[&str] = &["reasoning"];
+
+/// The Responses API's own fields.
 #[derive(Deserialize)]
-struct ResponsesRequest {
-    model: Option<String>,
+struct Fields {
     input: Option<Value>,
     instructions: Option<String>,
     tools: Option<Vec<Value>>,
@@ -83,39 +74,11 @@ struct ResponsesRequest {
     parallel_tool_calls: Option<bool>,
     text: Option<Value>,
     max_output_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
     metadata: Option<Map<String, Value>>,
     store: Option<bool>,
     previous_response_id: Option<String>,
     /// `{"effort": ..., "summary": ...}` (checked by `responses_neutral`).
     reasoning: Option<Value>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(flatten)]
-    extras: Extras,
-}
-
-/// What a response object echoes of its request, and what the answer needs to be built.
-pub(super) struct Echo {
-    pub id: String,
-    pub created_at: u64,
-    pub model: String,
-    pub instructions: Option<String>,
-    pub tools: Vec<Value>,
-    pub tool_choice: Value,
-    pub parallel_tool_calls: bool,
-    pub text: Value,
-    pub max_output_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub metadata: Value,
-    pub store: bool,
-    pub previous_response_id: Option<String>,
-    /// The reasoning effort asked for (as the template takes it).
-    pub effort: Option<String>,
-    /// Every input item of the conversation (the chained ones first), for the store.
-    pub input: Vec<Value>,
 }
 
 /// `POST /v1/responses`.
@@ -134,10 +97,12 @@ async fn answer(
     tenant: Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let mut value = json_body(body)?;
-    let fields = [FIELDS, EXTRA_FIELDS].concat();
-    check_fields(&mut value, &fields, responses_neutral, state.config.lenient)?;
-    let req: ResponsesRequest = typed(value)?;
+    let req: ResponsesRequest = read_checked(
+        json_body(body)?,
+        VALUE_CHECKED,
+        responses_neutral,
+        state.config.lenient,
+    )?;
     let (conv, echo) = read(state, tenant, &req)?;
     let settings = settings(&req)?;
     let stream = settings.stream;
@@ -162,21 +127,11 @@ async fn answer(
     Ok(Json(response).into_response())
 }
 
-/// Keeps a finished response when the request asked for it.
-pub(super) fn keep(state: &AppState, tenant: Tenant, echo: &Echo, response: &Value) {
-    if echo.store {
-        let mut store = state.store.lock().unwrap_or_else(|e| e.into_inner());
-        if !store.put(&echo.id, tenant, response.clone(), echo.input.clone()) {
-            tracing::warn!(id = %echo.id, "response too large to store");
-        }
-    }
-}
-
 /// The conversation and what the response echoes.
 fn read(
     state: &AppState,
     tenant: Tenant,
-    req: &ResponsesRequest,
+    (sampling, shared, req): &ResponsesRequest,
 ) -> Result<(Conversation, Echo), ApiError> {
     let mut input = match &req.previous_response_id {
         Some(prev) => {
@@ -236,7 +191,7 @@ fn read(
     let echo = Echo {
         id: super::random_id("resp_"),
         created_at: unix_now(),
-        model: answer_model(state, req.model.as_deref()),
+        model: answer_model(state, shared.model.as_deref()),
         instructions: req.instructions.clone(),
         tools: specs,
         tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
@@ -246,8 +201,8 @@ fn read(
             .clone()
             .unwrap_or(json!({"format": {"type": "text"}})),
         max_output_tokens: req.max_output_tokens,
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
+        temperature: sampling.temperature.unwrap_or(1.0),
+        top_p: sampling.top_p.unwrap_or(1.0),
         metadata: req.metadata.clone().map_or(json!({}), Value::Object),
         store: req.store.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
@@ -336,15 +291,8 @@ fn add_item(messages: &mut Vec<Message>, item: &Value, at: Option<usize>) -> Res
                 Some(Value::String(s)) => s.clone(),
                 other => item_text(other, &param)?,
             };
-            let name = messages
-                .iter()
-                .flat_map(|m| m.tool_calls.iter().flatten())
-                .find(|c| c["id"] == call_id)
-                .and_then(|c| c["function"]["name"].as_str().map(str::to_string));
-            let mut m = Message::new("tool", &output);
-            m.tool_call_id = Some(call_id.to_string());
-            m.name = name;
-            messages.push(m);
+            let turn = super::chat::tool_turn(messages, call_id, &output);
+            messages.push(turn);
         }
         other => {
             return bad(format!(
@@ -413,7 +361,7 @@ fn item_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
 /// The function tools, as the response echoes them and as the template and grammar take them.
 /// Other tools (OpenAI's hosted tools, namespaces) are refused, or under `--lenient` dropped with
 /// a log line.
-fn tools(req: &ResponsesRequest, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
+fn tools(req: &Fields, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), ApiError> {
     let mut given = req.tools.clone().unwrap_or_default();
     let mut openai = Vec::new();
     let mut dropped = Vec::new();
@@ -458,17 +406,16 @@ fn tools(req: &ResponsesRequest, lenient: bool) -> Result<(Vec<Value>, Option<To
 }
 
 /// The settings under their common names; `text.format` as the output format.
-fn settings(req: &ResponsesRequest) -> Result<Settings, ApiError> {
+fn settings((sampling, shared, req): &ResponsesRequest) -> Result<Settings, ApiError> {
+    let shared = request::settings(sampling, shared);
     Ok(Settings {
-        model: req.model.clone(),
-        max_tokens: req.max_output_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        stop: Vec::new(),
-        format: text_format(req.text.as_ref())?,
+        generation: GenerationSettings {
+            max_tokens: req.max_output_tokens,
+            response_format: text_format(req.text.as_ref())?,
+            ..shared.generation
+        },
         format_field: "text.format",
-        stream: req.stream,
-        ..req.extras.settings()
+        ..shared
     })
 }
 
@@ -489,134 +436,6 @@ fn text_format(text: Option<&Value>) -> Result<ResponseFormat, ApiError> {
             Some("text.format"),
         )),
     }
-}
-
-/// The output items of a finished choice: its `reasoning` (when the model wrote it apart), a
-/// `message` with its text (when there is any, or when there are no calls), then one
-/// `function_call` per call.
-pub(super) fn output_items(echo: &Echo, choice: &Choice) -> Vec<Value> {
-    let mut items = Vec::new();
-    if !choice.reasoning.is_empty() {
-        items.push(reasoning_item(echo, &choice.reasoning, "completed"));
-    }
-    if !choice.text.is_empty() || choice.calls.is_empty() {
-        items.push(message_item(echo, &choice.text, "completed"));
-    }
-    for call in &choice.calls {
-        items.push(call_item(call, "completed"));
-    }
-    items
-}
-
-/// The id of the response's message item.
-pub(super) fn message_id(echo: &Echo) -> String {
-    format!("msg_{}", &echo.id[5..])
-}
-
-pub(super) fn message_item(echo: &Echo, text: &str, status: &str) -> Value {
-    let content = if status == "in_progress" {
-        json!([])
-    } else {
-        json!([text_part(text)])
-    };
-    json!({
-        "type": "message",
-        "id": message_id(echo),
-        "status": status,
-        "role": "assistant",
-        "content": content,
-    })
-}
-
-/// The id of the response's reasoning item.
-pub(super) fn reasoning_id(echo: &Echo) -> String {
-    format!("rs_{}", &echo.id[5..])
-}
-
-pub(super) fn reasoning_item(echo: &Echo, text: &str, status: &str) -> Value {
-    let content = if status == "in_progress" {
-        json!([])
-    } else {
-        json!([reasoning_part(text)])
-    };
-    json!({
-        "type": "reasoning",
-        "id": reasoning_id(echo),
-        "status": status,
-        "summary": [],
-        "content": content,
-    })
-}
-
-pub(super) fn reasoning_part(text: &str) -> Value {
-    json!({"type": "reasoning_text", "text": text})
-}
-
-pub(super) fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
-}
-
-/// The item id of a call (the call's own id is its `call_id`).
-pub(super) fn call_item_id(call: &Call) -> String {
-    format!("fc_{}", call.id.trim_start_matches("call_"))
-}
-
-pub(super) fn call_item(call: &Call, status: &str) -> Value {
-    let arguments = if status == "in_progress" {
-        ""
-    } else {
-        call.arguments.as_str()
-    };
-    json!({
-        "type": "function_call",
-        "id": call_item_id(call),
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": arguments,
-        "status": status,
-    })
-}
-
-/// The response object: `choice` is the finished output (none yet while it runs).
-pub(super) fn response_object(echo: &Echo, choice: Option<&Choice>, status: &str) -> Value {
-    let (status, incomplete) = match choice.map(|c| &c.finish) {
-        Some(Finish::Length) => ("incomplete", json!({"reason": "max_output_tokens"})),
-        _ => (status, Value::Null),
-    };
-    let usage = choice.map_or(Value::Null, |c| {
-        json!({
-            "input_tokens": c.usage.prompt,
-            "input_tokens_details": {"cached_tokens": c.usage.cached, "cache_write_tokens": 0},
-            "output_tokens": c.usage.completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": c.usage.prompt + c.usage.completion,
-        })
-    });
-    json!({
-        "id": echo.id,
-        "object": "response",
-        "created_at": echo.created_at,
-        "status": status,
-        "error": null,
-        "incomplete_details": incomplete,
-        "instructions": echo.instructions,
-        "max_output_tokens": echo.max_output_tokens,
-        "model": echo.model,
-        "output": choice.map_or_else(Vec::new, |c| output_items(echo, c)),
-        "parallel_tool_calls": echo.parallel_tool_calls,
-        "previous_response_id": echo.previous_response_id,
-        "reasoning": {"effort": echo.effort, "summary": null},
-        "store": echo.store,
-        "temperature": echo.temperature,
-        "text": echo.text,
-        "tool_choice": echo.tool_choice,
-        "tools": echo.tools,
-        "top_p": echo.top_p,
-        "truncation": "disabled",
-        "usage": usage,
-        "user": null,
-        "metadata": echo.metadata,
-    })
 }
 
 /// `GET /v1/responses/{id}`: the tenant's stored response.
@@ -691,4 +510,17 @@ fn stored(state: &AppState, id: &str, tenant: Tenant) -> Result<super::store::St
 /// another key's: the answer does not tell them apart).
 fn unknown(id: &str) -> ApiError {
     ApiError::not_found(format!("Response with id '{id}' not found."), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_it_accepts() {
+        super::super::request::assert_reads_what_it_accepts::<ResponsesRequest>(
+            VALUE_CHECKED,
+            responses_neutral,
+        );
+    }
 }

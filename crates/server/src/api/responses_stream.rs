@@ -12,7 +12,7 @@
 //! stored when the request asked.
 
 use super::output::{Call, Choice, Finish, Outputs, Piece};
-use super::responses::{
+use super::responses_items::{
     call_item, call_item_id, keep, message_id, message_item, reasoning_id, reasoning_item,
     reasoning_part, response_object, text_part, Echo,
 };

@@ -4,7 +4,7 @@
 //! `/detokenize` takes `tokens` and answers `{"prompt"}`.
 
 use super::error::ApiError;
-use super::request::{check_fields, json_body, neutral, typed, ChatMessage};
+use super::request::{json_body, neutral, read_checked, ChatMessage};
 use super::validate::{self, Names};
 use super::{finish, Kind};
 use crate::tenant::Tenant;
@@ -32,17 +32,6 @@ struct TokenizeRequest {
     return_token_strs: bool,
 }
 
-const TOKENIZE_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "continue_final_message",
-    "add_special_tokens",
-    "return_token_strs",
-];
-
 /// `POST /tokenize`.
 pub(super) async fn tokenize(
     State(state): State<Arc<AppState>>,
@@ -50,9 +39,8 @@ pub(super) async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
-        let mut value = json_body(body)?;
-        check_fields(&mut value, TOKENIZE_FIELDS, neutral, state.config.lenient)?;
-        let req: TokenizeRequest = typed(value)?;
+        let (req,): (TokenizeRequest,) =
+            read_checked(json_body(body)?, &[], neutral, state.config.lenient)?;
         validate::check_model(&state, req.model.as_deref())?;
         let tokens = match (&req.prompt, &req.messages) {
             (Some(_), Some(_)) => {
@@ -121,14 +109,8 @@ pub(super) async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = (|| {
-        let mut value = json_body(body)?;
-        check_fields(
-            &mut value,
-            &["model", "tokens"],
-            neutral,
-            state.config.lenient,
-        )?;
-        let req: DetokenizeRequest = typed(value)?;
+        let (req,): (DetokenizeRequest,) =
+            read_checked(json_body(body)?, &[], neutral, state.config.lenient)?;
         validate::check_model(&state, req.model.as_deref())?;
         let vocab = state.lm.model.config.vocab_size;
         let ids = req

@@ -9,11 +9,10 @@
 use super::error::ApiError;
 use crate::tools::{ReplyFormat, Tools};
 use crate::AppState;
-use drafting::SpecOverrides;
-use engine::{GenerationConfig, Message, PromptEnd, RenderOptions, ResponseFormat, SamplingParams};
+use engine::{
+    GenerationConfig, GenerationSettings, Message, PromptEnd, RenderOptions, ResponseFormat,
+};
 use std::sync::Arc;
-
-use engine::sampling::MAX_CHOICES;
 
 /// A request that passed every check: what the engine runs and how the answer is shaped.
 pub(super) struct ValidRequest {
@@ -50,77 +49,19 @@ pub(super) struct Conversation {
     pub options: RenderOptions,
 }
 
-/// The generation settings of a request, under the names every API shares (each reader maps its
-/// own names onto these). `None`: the default.
+/// The settings of a request, under the names every API shares (each reader maps its own names
+/// onto these). `None`: the default.
 #[derive(Default)]
 pub(super) struct Settings {
     /// The model the client named (absent: the served model).
     pub model: Option<String>,
-    pub max_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
     pub n: Option<usize>,
-    /// The `speculative_config` object, and the speculation settings given at the top level.
-    pub speculative_config: Option<SpecOverrides>,
-    pub speculation: SpecOverrides,
-    /// Alternatives per token when log-probabilities were asked for (checked by the reader).
-    pub logprobs: Option<usize>,
-    /// The output format, and the field that asked for it.
-    pub format: ResponseFormat,
+    /// What the engine checks and defaults (`GenerationSettings::config`).
+    pub generation: GenerationSettings,
+    /// The field that asked for the output format (`generation.response_format`).
     pub format_field: &'static str,
     pub stream: bool,
     pub include_usage: bool,
-}
-
-/// pld's own settings, which every API reads beside its own fields: sampling settings the API
-/// lacks, and speculation under vLLM's and Hugging Face's names.
-#[derive(serde::Deserialize, Default)]
-pub(super) struct Extras {
-    top_k: Option<i64>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: Option<u64>,
-    speculative_config: Option<SpecOverrides>,
-    num_speculative_tokens: Option<usize>,
-    prompt_lookup_max: Option<usize>,
-    prompt_lookup_min: Option<usize>,
-}
-
-/// The fields of `Extras`.
-pub(super) const EXTRA_FIELDS: &[&str] = &[
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "seed",
-    "speculative_config",
-    "num_speculative_tokens",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-];
-
-impl Extras {
-    /// Settings holding these (the rest default, for the API's reader to fill).
-    pub(super) fn settings(&self) -> Settings {
-        Settings {
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-            speculative_config: self.speculative_config.clone(),
-            speculation: SpecOverrides {
-                num_speculative_tokens: self.num_speculative_tokens,
-                prompt_lookup_max: self.prompt_lookup_max,
-                prompt_lookup_min: self.prompt_lookup_min,
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
 }
 
 /// The prompt text of a conversation: its messages rendered by the chat template with its tools,
@@ -273,12 +214,7 @@ fn config(
 ) -> Result<GenerationConfig, ApiError> {
     check_model(state, s.model.as_deref())?;
     if let Some(n) = s.n {
-        if !(1..=MAX_CHOICES).contains(&n) {
-            return Err(ApiError::bad_request(
-                format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
-                Some("n"),
-            ));
-        }
+        engine::check_choices(n).map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
     }
     let ctx = state.config.max_model_len;
     if prompt_len >= ctx {
@@ -289,39 +225,14 @@ fn config(
             names.prompt,
         ));
     }
-    let room = ctx - prompt_len;
-    let max_tokens = s.max_tokens.unwrap_or(room);
-    if max_tokens == 0 {
-        return Err(ApiError::bad_request(
-            format!("{} must be at least 1", names.max_tokens),
-            Some(names.max_tokens),
-        ));
+    let config = s
+        .generation
+        .config(&state.config.spec, ctx - prompt_len, names.max_tokens)
+        .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
+    if !config.response_format.is_text() {
+        check_grammar(state, &config.response_format, s.format_field)?;
     }
-    let sampling = SamplingParams::from_request(
-        s.temperature.unwrap_or(1.0),
-        s.top_p.unwrap_or(1.0),
-        s.top_k.unwrap_or(0),
-        s.min_p.unwrap_or(0.0),
-        s.repetition_penalty.unwrap_or(1.0),
-    )
-    .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
-    let speculation = state
-        .config
-        .spec
-        .merge(s.speculative_config.as_ref(), &s.speculation)
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some(e.field)))?;
-    if !s.format.is_text() {
-        check_grammar(state, &s.format, s.format_field)?;
-    }
-    Ok(GenerationConfig {
-        max_new_tokens: max_tokens.min(room),
-        sampling,
-        seed: s.seed,
-        speculation,
-        stop: s.stop.clone(),
-        logprobs: s.logprobs,
-        response_format: s.format.clone(),
-    })
+    Ok(config)
 }
 
 /// A JSON Schema given for structured output: an object or a boolean, else a 400 naming `field`.

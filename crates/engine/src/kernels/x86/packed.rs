@@ -337,6 +337,79 @@ pub(super) const MXFP4_TABLE: [u8; 16] = {
     t
 };
 
+/// Q8_0's half of a unit (its values at `values`) into `sums`: eight steps of four columns.
+#[inline(always)]
+unsafe fn q8_0_sums<W: Width, const VNNI: bool, const MR: usize>(
+    at: &Tile<'_>,
+    values: *const u8,
+    x0: usize,
+    sums: &mut Sums<W, VNNI, MR>,
+) {
+    let (q, k, l0) = (at.acts.q.as_ptr(), at.acts.k, at.lane0);
+    for u in 0..8 {
+        let w = W::load(values.add(64 * u + 4 * l0));
+        // Without VNNI: the signed bytes (stored plus 128), as |w| and sign.
+        let signed = W::xor(w, W::bytes(-128));
+        let (w_abs, sign) = (W::abs8(signed), W::sign_of(signed));
+        for r in 0..MR {
+            let x = W::bcast4(q.add((at.r0 + r) * k + x0 + 4 * u));
+            if VNNI {
+                sums.step(r, u % 2 == 1, w, x);
+            } else {
+                sums.step_signed(r, w_abs, sign, x);
+            }
+        }
+    }
+}
+
+/// A four-bit format's (Q4_0, Q4_1, Q5_0 with its fifth bits, MXFP4 looked up in `table`) half
+/// `h` of the unit at `blk` into `sums`: four steps of eight columns, flushed before the 16-bit
+/// sums can overflow.
+#[inline(always)]
+unsafe fn nibble_sums<W: Width, const VNNI: bool, const F: u8, const MR: usize>(
+    at: &Tile<'_>,
+    blk: *const u8,
+    h: usize,
+    x0: usize,
+    low: W::I,
+    table: W::I,
+    sums: &mut Sums<W, VNNI, MR>,
+) {
+    let values = const { Format::from_code(F).packed_values() };
+    let (q, k, l0) = (at.acts.q.as_ptr(), at.acts.k, at.lane0);
+    let high = if F == Q5_0 {
+        W::load(blk.add(q5_0::PACKED_QH + 64 * h + 4 * l0))
+    } else {
+        W::zero()
+    };
+    const {
+        assert!(steps_in_16_bits(15) >= 8 && steps_in_16_bits(31) >= 4 && steps_in_16_bits(24) >= 4)
+    };
+    for u in 0..4 {
+        let v = W::load(blk.add(values + 256 * h + 64 * u + 4 * l0));
+        let mut lo = W::and(v, low);
+        let mut hi = W::and(W::shr16::<4>(v), low);
+        if F == Q5_0 {
+            lo = W::or(lo, q5_high::<W>(high, 2 * u as u32));
+            hi = W::or(hi, q5_high::<W>(high, 2 * u as u32 + 1));
+        }
+        if F == MXFP4 {
+            lo = W::lookup(table, lo);
+            hi = W::lookup(table, hi);
+        }
+        let x = q.add(at.r0 * k + x0 + 8 * u);
+        nibble_step(sums, lo, hi, x, k);
+        // Four-bit values: eight steps to a flush; Q5_0's five bits and MXFP4's values up to
+        // 24: four.
+        if (F == Q5_0 || F == MXFP4) && u % 2 == 1 {
+            sums.flush();
+        }
+    }
+    if F != Q5_0 && F != MXFP4 {
+        sums.flush();
+    }
+}
+
 /// Packed 32-column formats (see `packed`), units of two blocks: per block and row, the exact
 /// integer sum of the block (the integer offsets of Q4_0, Q5_0, MXFP4 and, with VNNI, Q8_0
 /// included: `QuantizedActs::offsets32`) times the weight scale times the activation scale; Q4_1
@@ -354,7 +427,6 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
     };
     let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
-    let q = acts.q.as_ptr();
     let k = acts.k;
     for s in at.s0..at.s1 {
         let blk = at.group.as_ptr().add(s * bytes);
@@ -399,56 +471,9 @@ unsafe fn packed32<W: Width, const VNNI: bool, const F: u8, const MR: usize>(at:
                 }
             }
             if F == Q8_0 {
-                for u in 0..8 {
-                    let w = W::load(blk.add(values + 512 * h + 64 * u + 4 * l0));
-                    // Without VNNI: the signed bytes (stored plus 128), as |w| and sign.
-                    let signed = W::xor(w, W::bytes(-128));
-                    let (w_abs, sign) = (W::abs8(signed), W::sign_of(signed));
-                    for r in 0..MR {
-                        let x = W::bcast4(q.add((at.r0 + r) * k + x0 + 4 * u));
-                        if VNNI {
-                            sums.step(r, u % 2 == 1, w, x);
-                        } else {
-                            sums.step_signed(r, w_abs, sign, x);
-                        }
-                    }
-                }
+                q8_0_sums(at, blk.add(values + 512 * h), x0, &mut sums);
             } else {
-                let high = if F == Q5_0 {
-                    W::load(blk.add(q5_0::PACKED_QH + 64 * h + 4 * l0))
-                } else {
-                    W::zero()
-                };
-                const {
-                    assert!(
-                        steps_in_16_bits(15) >= 8
-                            && steps_in_16_bits(31) >= 4
-                            && steps_in_16_bits(24) >= 4
-                    )
-                };
-                for u in 0..4 {
-                    let v = W::load(blk.add(values + 256 * h + 64 * u + 4 * l0));
-                    let mut lo = W::and(v, low);
-                    let mut hi = W::and(W::shr16::<4>(v), low);
-                    if F == Q5_0 {
-                        lo = W::or(lo, q5_high::<W>(high, 2 * u as u32));
-                        hi = W::or(hi, q5_high::<W>(high, 2 * u as u32 + 1));
-                    }
-                    if F == MXFP4 {
-                        lo = W::lookup(table, lo);
-                        hi = W::lookup(table, hi);
-                    }
-                    let x = q.add(at.r0 * k + x0 + 8 * u);
-                    nibble_step(&mut sums, lo, hi, x, k);
-                    // Four-bit values: eight steps to a flush; Q5_0's five bits and MXFP4's
-                    // values up to 24: four.
-                    if (F == Q5_0 || F == MXFP4) && u % 2 == 1 {
-                        sums.flush();
-                    }
-                }
-                if F != Q5_0 && F != MXFP4 {
-                    sums.flush();
-                }
+                nibble_sums::<W, VNNI, F, MR>(at, blk, h, x0, low, table, &mut sums);
             }
             for r in 0..MR {
                 let bi = ((at.r0 + r) * k + x0) / 32;
