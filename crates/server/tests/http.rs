@@ -995,6 +995,13 @@ async fn disconnect_frees_the_sequence_and_full_queue_is_429() {
     let first = resp.chunk().await.unwrap();
     assert!(first.is_some());
     let _ = resp.chunk().await.unwrap();
+    // The engine thread sends text before it updates the gauge at the end of its step.
+    for _ in 0..100 {
+        if running(&base).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(running(&base).await, 1);
     // One waits in the queue, the next is refused.
     let queued = tokio::spawn({
