@@ -60,7 +60,7 @@ impl Engine {
     #[new]
     // One argument per keyword of Python's `LLM(...)`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None, kv_cache_dtype="auto"))]
+    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None, kv_cache_dtype="auto", prefix_cache_dir=None, prefix_cache_dir_bytes=16 << 30))]
     fn new(
         py: Python<'_>,
         model: &str,
@@ -70,6 +70,8 @@ impl Engine {
         max_num_seqs: usize,
         prefix_cache_bytes: Option<usize>,
         kv_cache_dtype: &str,
+        prefix_cache_dir: Option<std::path::PathBuf>,
+        prefix_cache_dir_bytes: u64,
     ) -> PyResult<Self> {
         let spec = draft::spec_config(speculative_config)?;
         let kv_dtype = match kv_cache_dtype {
@@ -107,7 +109,15 @@ impl Engine {
             .unwrap_or(lm.model.config.context_len)
             .min(lm.model.config.context_len);
         let budget = prefix_cache_bytes.unwrap_or_else(engine::prefix_cache::default_budget_bytes);
-        let prefix = Mutex::new(PrefixCache::new(lm.model.kv_shape(), budget));
+        let prefix = PrefixCache::open(
+            &lm.path,
+            lm.model.kv_shape(),
+            budget,
+            prefix_cache_dir.as_deref(),
+            prefix_cache_dir_bytes,
+        )
+        .map_err(|e| PyValueError::new_err(format!("prefix_cache_dir: {e:#}")))?;
+        let prefix = Mutex::new(prefix);
         Ok(Engine {
             inner: Arc::new(Inner {
                 lm,

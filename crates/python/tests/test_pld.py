@@ -103,6 +103,22 @@ def test_chat_reuses_the_prefix_cache_across_turns(llm):
     assert second.num_cached_tokens < len(second.prompt_token_ids)
 
 
+def test_a_later_process_starts_from_the_prefix_cache_dir(tmp_path):
+    prompt = "".join(f"Line {i}: the tide rose {i % 7} feet at dock {i % 5}.\n" for i in range(40))
+    first = LLM("smollm2-135m", threads=2, prefix_cache_dir=str(tmp_path))
+    cold = first.generate(prompt, greedy(16), use_tqdm=False)[0]
+    assert cold.num_cached_tokens == 0
+    with pytest.raises(ValueError, match="in use by another process"):
+        LLM("smollm2-135m", threads=2, prefix_cache_dir=str(tmp_path))
+    del first
+    import gc
+    gc.collect()  # the engine's writes finish and the directory's lock is let go
+    later = LLM("smollm2-135m", threads=2, prefix_cache_dir=str(tmp_path))
+    warm = later.generate(prompt, greedy(16), use_tqdm=False)[0]
+    assert warm.num_cached_tokens >= len(cold.prompt_token_ids) - 16 > 0
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
 def test_streamed_pieces_join_to_the_whole_text(llm):
     whole = llm.generate(PROMPT, greedy(40), use_tqdm=False)[0].outputs[0].text
     pieces = list(llm.stream(PROMPT, greedy(40)))

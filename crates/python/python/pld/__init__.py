@@ -195,6 +195,8 @@ class LLM:
     caps each sequence's context; `threads` sizes the compute pool (all cores by default; the
     first LLM of a process sets it); `max_num_seqs` caps the sequences of one batch;
     `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory);
+    `prefix_cache_dir` also keeps its blocks as files there, so that a later process starts from
+    them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
     `kv_cache_dtype` is what the KV cache stores keys and values as: "f16" (half the memory and
     the bytes attention reads), "f32", or "auto" (f32).
     """
@@ -208,10 +210,13 @@ class LLM:
         max_num_seqs: int = 16,
         prefix_cache_bytes: Optional[int] = None,
         kv_cache_dtype: str = "auto",
+        prefix_cache_dir: Optional[str] = None,
+        prefix_cache_dir_bytes: int = 16 << 30,
     ) -> None:
         spec = None if speculative_config is None else json.dumps(speculative_config)
         self._engine = _native.Engine(
-            model, spec, max_model_len, threads, max_num_seqs, prefix_cache_bytes, kv_cache_dtype
+            model, spec, max_model_len, threads, max_num_seqs, prefix_cache_bytes, kv_cache_dtype,
+            prefix_cache_dir, prefix_cache_dir_bytes,
         )
 
     @property

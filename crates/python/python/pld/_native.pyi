@@ -12,6 +12,8 @@ class Engine:
         max_num_seqs: int = 16,
         prefix_cache_bytes: Optional[int] = None,
         kv_cache_dtype: str = "auto",
+        prefix_cache_dir: Optional[str] = None,
+        prefix_cache_dir_bytes: int = 17179869184,
     ) -> None: ...
     @property
     def name(self) -> str: ...
