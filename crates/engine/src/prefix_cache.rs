@@ -223,7 +223,7 @@ impl PrefixCache {
         // What is already there becomes the most recent, so eviction takes other blocks first.
         self.touch(&chain);
         while chain.len() < n {
-            if self.bytes() + self.block_bytes() > self.budget && !self.evict_one(&chain) {
+            if !self.make_room(&chain) {
                 break;
             }
             let b = chain.len();
@@ -259,6 +259,9 @@ impl PrefixCache {
         chain: &mut Vec<usize>,
         cache: &mut KvCache,
     ) -> usize {
+        if self.disk.is_none() {
+            return 0;
+        }
         let model_key = self.model_key();
         let mut hashes: Vec<u128> = chain.iter().map(|&id| self.block(id).hash).collect();
         let Some(disk) = self.disk.as_mut() else {
@@ -281,7 +284,7 @@ impl PrefixCache {
         let n = read.len();
         // Into memory as well, chained after what memory had, while the budget allows.
         for (name, rows) in read {
-            if self.bytes() + self.block_bytes() > self.budget && !self.evict_one(chain) {
+            if !self.make_room(chain) {
                 break;
             }
             let key = BlockKey {
@@ -355,6 +358,12 @@ impl PrefixCache {
         self.by_age.insert(self.clock, id);
         self.stats.inserted_blocks += 1;
         id
+    }
+
+    /// Room for one more block within the budget, evicting a leaf not in `keep` if needed; false
+    /// when there is none to evict.
+    fn make_room(&mut self, keep: &[usize]) -> bool {
+        self.bytes() + self.block_bytes() <= self.budget || self.evict_one(keep)
     }
 
     /// Drops the least recently used leaf that is not in `keep`; false when there is none.
