@@ -31,9 +31,10 @@ pub fn load_model(spec: &str, kv: &KvCacheArgs) -> anyhow::Result<engine::Loaded
 /// `--kv-cache-dtype`: what the KV cache stores keys and values as.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct KvCacheArgs {
-    /// Number type of the cached keys and values: f16 takes half the memory and half the bytes
-    /// attention reads at long context (llama.cpp's default cache); f32 keeps every digit the
-    /// pass computed. auto: f32.
+    /// Number type of the cached keys and values: bf16 and f16 take half the memory and half
+    /// the bytes attention reads at long context (bf16 keeps f32's range, and on AMX its
+    /// attention runs on tiles; f16 is llama.cpp's default cache); f32 keeps every digit the
+    /// pass computed. auto: bf16 (f32 for an odd head size).
     #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
 }
@@ -44,6 +45,7 @@ pub enum KvCacheDtype {
     #[default]
     Auto,
     F16,
+    Bf16,
     F32,
 }
 
@@ -53,6 +55,7 @@ impl KvCacheDtype {
         match self {
             KvCacheDtype::Auto => None,
             KvCacheDtype::F16 => Some(engine::kv_cache::KvDtype::F16),
+            KvCacheDtype::Bf16 => Some(engine::kv_cache::KvDtype::Bf16),
             KvCacheDtype::F32 => Some(engine::kv_cache::KvDtype::F32),
         }
     }

@@ -1,6 +1,6 @@
 //! Times causal attention of ROWS rows over a cache of LEN positions for one key/value head
 //! (head size HD, GROUP query heads per key/value head: qwen-coder-1.5b's 128 and 6 by default),
-//! keys and values stored as DTYPE (f16 or f32, f16 by default), every vector implementation the
+//! keys and values stored as DTYPE (f16, bf16 or f32, f16 by default; bf16 on `Amx` runs on tiles), every vector implementation the
 //! CPU has (`PLD_KERNEL` names one to time alone), one thread (developer tool):
 //! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP [DTYPE]]]]]]`.
 //! COPIES heads, each with its own keys and values, are attended in turn, so that with enough of
@@ -34,8 +34,9 @@ fn main() {
     };
     match std::env::args().nth(6).as_deref() {
         Some("f32") => run::<f32>(&shape, "f32"),
+        Some("bf16") => run::<half::bf16>(&shape, "bf16"),
         None | Some("f16") => run::<half::f16>(&shape, "f16"),
-        Some(other) => panic!("DTYPE is f16 or f32, not {other}"),
+        Some(other) => panic!("DTYPE is f16, bf16 or f32, not {other}"),
     }
 }
 
@@ -50,7 +51,9 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
     let q_stride = 2 * group * hd;
     let size = std::mem::size_of::<E>();
     let per_line = 64 / size;
-    let key_stride = per_line * (len.div_ceil(per_line) | 1);
+    // Room for the whole blocks that bf16 tiles read, as the cache has.
+    let room = len.next_multiple_of(64) + 64;
+    let key_stride = per_line * (room.div_ceil(per_line) | 1);
     let fill = |n: usize, k: usize| -> Vec<f32> {
         (0..n)
             .map(|i| ((i * k) % 1000) as f32 / 1000.0 - 0.5)
@@ -60,7 +63,7 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
     let heads: Vec<(Vec<E>, Vec<E>)> = (0..copies)
         .map(|c| {
             let keys = stored(fill(hd * key_stride, 7919 + c));
-            (keys, stored(fill(len * hd, 7907 + c)))
+            (keys, stored(fill(room * hd, 7907 + c)))
         })
         .collect();
     let q = fill(rows * q_stride, 31);

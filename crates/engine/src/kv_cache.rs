@@ -6,31 +6,44 @@
 //! transposed, one row of positions per dimension (see `kernels::KvHead`), which turns the
 //! attention scores into plain vector products.
 //!
-//! Keys and values are stored as f32 or f16 (`KvDtype`). f16 is llama.cpp's default: half the
-//! memory and half the bytes attention reads, which at long context is much of a decode step's
-//! traffic beside the weights. A number is rounded once, when written; every later pass reads the
+//! Keys and values are stored as f32, f16 or bf16 (`KvDtype`). f16 is llama.cpp's default: half
+//! the memory and half the bytes attention reads, which at long context is much of a decode
+//! step's traffic beside the weights. bf16 reads as few bytes and is what AMX tiles multiply. A number is rounded once, when written; every later pass reads the
 //! same rounded number, so a speculative pass sees exactly what plain decoding sees and their
 //! tokens stay identical.
 
-use crate::kernels::{KvElem, KvHead};
-use half::f16;
+use crate::kernels::{KvElem, KvHead, ATTENTION_BLOCK};
+use half::{bf16, f16};
 
 /// The number type a cache stores its keys and values in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
     /// Half precision: half the memory and the bytes attention reads.
     F16,
-    /// Single precision (the default: on Zen 4 an f16 cache measured no faster at decode once
-    /// its pages were faulted in as the cache fills, see the README).
-    #[default]
+    /// bfloat16 (f32's range, 8 bits of precision): half the memory, and on AMX the attention
+    /// products run on tiles. The default (`auto`).
+    Bf16,
+    /// Single precision: every digit the pass computed.
     F32,
 }
 
 impl KvDtype {
+    /// The type a model with heads of `hd` caches in unless told otherwise: bf16, which read half
+    /// f32's bytes and measured fastest at 16k tokens of context on every kernel class, and
+    /// agrees with the transformers fixtures as closely as f32 (f16 does not on SmolLM2); f32 for
+    /// an odd head size, which bf16's pairs cannot hold.
+    pub fn auto(hd: usize) -> KvDtype {
+        if hd.is_multiple_of(2) {
+            KvDtype::Bf16
+        } else {
+            KvDtype::F32
+        }
+    }
+
     /// Bytes of one stored number.
     pub fn bytes(self) -> usize {
         match self {
-            KvDtype::F16 => 2,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
             KvDtype::F32 => 4,
         }
     }
@@ -39,6 +52,7 @@ impl KvDtype {
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
             KvDtype::F32 => "f32",
         }
     }
@@ -67,10 +81,58 @@ impl KvShape {
 }
 
 /// The stored numbers: per layer, `kv_dim` rows of `key_stride` positions of keys (each head's
-/// `hd` rows together); per layer and head, `capacity` rows of `hd` values.
+/// `hd` rows together); per layer and head, `room` rows of `hd` values.
 enum Store {
-    F16 { keys: Vec<f16>, values: Vec<f16> },
-    F32 { keys: Vec<f32>, values: Vec<f32> },
+    F16 {
+        keys: Numbers<f16>,
+        values: Numbers<f16>,
+    },
+    Bf16 {
+        keys: Numbers<bf16>,
+        values: Numbers<bf16>,
+    },
+    F32 {
+        keys: Numbers<f32>,
+        values: Numbers<f32>,
+    },
+}
+
+/// `len` numbers, zero until written, in an anonymous mapping advised to huge pages: memory is
+/// committed only as positions are written, and at long context attention's reads (a block's
+/// key rows lie a row of positions apart) stay within a few pages' translations instead of
+/// one per row.
+struct Numbers<E> {
+    map: memmap2::MmapMut,
+    len: usize,
+    number: std::marker::PhantomData<E>,
+}
+
+impl<E: bytemuck::Pod> Numbers<E> {
+    fn zeroed(len: usize) -> Numbers<E> {
+        let bytes = (len * std::mem::size_of::<E>()).max(1);
+        let map = memmap2::MmapMut::map_anon(bytes)
+            .unwrap_or_else(|e| panic!("no memory for a KV cache of {bytes} bytes: {e}"));
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Numbers {
+            map,
+            len,
+            number: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E: bytemuck::Pod> std::ops::Deref for Numbers<E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        bytemuck::cast_slice(&self.map[..self.len * std::mem::size_of::<E>()])
+    }
+}
+
+impl<E: bytemuck::Pod> std::ops::DerefMut for Numbers<E> {
+    fn deref_mut(&mut self) -> &mut [E] {
+        bytemuck::cast_slice_mut(&mut self.map[..self.len * std::mem::size_of::<E>()])
+    }
 }
 
 /// `$body` with `$keys` and `$values` bound to the store's vectors (or references to them, as
@@ -79,6 +141,10 @@ macro_rules! on_store {
     ($store:expr, |$keys:ident, $values:ident| $body:expr) => {
         match $store {
             Store::F16 {
+                keys: $keys,
+                values: $values,
+            } => $body,
+            Store::Bf16 {
                 keys: $keys,
                 values: $values,
             } => $body,
@@ -96,13 +162,24 @@ pub struct KvCache {
     n_layer: usize,
     kv_dim: usize,
     capacity: usize,
+    /// Positions each head's values have room for: the capacity, or for a paired type (bf16)
+    /// whole blocks past it, which the tiles read.
+    room: usize,
     key_stride: usize,
     len: usize,
 }
 
+/// Positions a cache of `dtype` and `capacity` has room for (`KvCache::room`).
+fn room(dtype: KvDtype, capacity: usize) -> usize {
+    match dtype {
+        KvDtype::Bf16 => capacity.next_multiple_of(ATTENTION_BLOCK) + ATTENTION_BLOCK,
+        KvDtype::F16 | KvDtype::F32 => capacity,
+    }
+}
+
 impl KvCache {
-    /// Reserves `n_layer * capacity * kv_dim` keys and as many values of `dtype`. The zeroed
-    /// allocation is lazy on Linux: memory is only committed for positions actually written.
+    /// Reserves `n_layer * capacity * kv_dim` keys and as many values of `dtype` (`Numbers`:
+    /// memory is only committed for positions actually written).
     pub fn new(shape: KvShape, capacity: usize) -> Self {
         let KvShape {
             n_layer,
@@ -114,21 +191,28 @@ impl KvCache {
             hd > 0 && kv_dim.is_multiple_of(hd),
             "heads of {hd} do not divide {kv_dim}"
         );
+        assert!(
+            dtype != KvDtype::Bf16 || hd.is_multiple_of(2),
+            "a bf16 cache pairs dimensions: heads of {hd}"
+        );
+        let room = room(dtype, capacity);
         // Key rows start on cache lines and lie an odd number of lines apart, so that the rows
         // of one block of positions spread over every L1 set.
         let per_line = 64 / dtype.bytes();
-        let key_stride = per_line * (capacity.div_ceil(per_line) | 1);
-        let (nk, nv) = (n_layer * kv_dim * key_stride, n_layer * capacity * kv_dim);
-        // Zeroed allocations (`vec![0.0; n]` is one for f32; `vec![f16::ZERO; n]` would write
-        // every number, committing the whole capacity at once).
+        let key_stride = per_line * (room.div_ceil(per_line) | 1);
+        let (nk, nv) = (n_layer * kv_dim * key_stride, n_layer * room * kv_dim);
         let store = match dtype {
             KvDtype::F16 => Store::F16 {
-                keys: bytemuck::zeroed_vec(nk),
-                values: bytemuck::zeroed_vec(nv),
+                keys: Numbers::zeroed(nk),
+                values: Numbers::zeroed(nv),
+            },
+            KvDtype::Bf16 => Store::Bf16 {
+                keys: Numbers::zeroed(nk),
+                values: Numbers::zeroed(nv),
             },
             KvDtype::F32 => Store::F32 {
-                keys: vec![0.0; nk],
-                values: vec![0.0; nv],
+                keys: Numbers::zeroed(nk),
+                values: Numbers::zeroed(nv),
             },
         };
         KvCache {
@@ -137,6 +221,7 @@ impl KvCache {
             n_layer,
             kv_dim,
             capacity,
+            room,
             key_stride,
             len: 0,
         }
@@ -165,21 +250,15 @@ impl KvCache {
     /// and the rest is dropped. Costs one copy per kept row that moves, whatever the tree's size.
     pub fn keep_rows(&mut self, start: usize, rows: &[usize]) {
         debug_assert!(rows.windows(2).all(|w| w[0] < w[1]), "rows must increase");
-        let (hd, stride, len) = (self.hd, self.key_stride, self.len);
-        let (heads, head_values) = (self.n_layer * self.kv_dim / hd, hd * self.capacity);
+        let layout = self.layout();
+        let len = self.len;
         on_store!(&mut self.store, |keys, values| {
             for (j, &r) in rows.iter().enumerate() {
                 if r == j {
                     continue;
                 }
-                let (from, to) = (start + r, start + j);
-                assert!(from < len, "row {r} past the cache");
-                for base in (0..heads).map(|lh| lh * head_values) {
-                    values.copy_within(base + from * hd..base + (from + 1) * hd, base + to * hd);
-                }
-                for row in keys.chunks_exact_mut(stride) {
-                    row[to] = row[from];
-                }
+                assert!(start + r < len, "row {r} past the cache");
+                layout.move_position(keys, values, start + r, start + j);
             }
         });
         self.truncate(start + rows.len());
@@ -194,17 +273,16 @@ impl KvCache {
             len <= from.len && len <= self.capacity,
             "prefix longer than the caches"
         );
-        let (hd, rows) = (self.hd, self.n_layer * self.kv_dim);
-        let (to_stride, from_stride) = (self.key_stride, from.key_stride);
-        let (to_cap, from_cap) = (self.capacity, from.capacity);
+        let (to, of) = (self.layout(), from.layout());
         match (&mut self.store, &from.store) {
             (Store::F16 { keys, values }, Store::F16 { keys: k, values: v }) => {
-                copy_prefix_of(keys, k, (to_stride, from_stride), rows, len);
-                copy_prefix_of(values, v, (hd * to_cap, hd * from_cap), rows / hd, len * hd);
+                to.copy_prefix(of, (keys, values), (k, v), len)
+            }
+            (Store::Bf16 { keys, values }, Store::Bf16 { keys: k, values: v }) => {
+                to.copy_prefix(of, (keys, values), (k, v), len)
             }
             (Store::F32 { keys, values }, Store::F32 { keys: k, values: v }) => {
-                copy_prefix_of(keys, k, (to_stride, from_stride), rows, len);
-                copy_prefix_of(values, v, (hd * to_cap, hd * from_cap), rows / hd, len * hd);
+                to.copy_prefix(of, (keys, values), (k, v), len)
             }
             _ => unreachable!("equal shapes have equal number types"),
         }
@@ -218,36 +296,25 @@ impl KvCache {
             hd: self.hd,
             dtype: match self.store {
                 Store::F16 { .. } => KvDtype::F16,
+                Store::Bf16 { .. } => KvDtype::Bf16,
                 Store::F32 { .. } => KvDtype::F32,
             },
         }
     }
 
-    /// Where positions `start..start + n` lie: each key row's range in `keys` (per layer, one per
-    /// key dimension), then each layer and head's range in `values`, in the order `take_rows`
-    /// lays them out.
-    fn spans(
-        &self,
-        start: usize,
-        n: usize,
-    ) -> (
-        impl Iterator<Item = std::ops::Range<usize>>,
-        impl Iterator<Item = std::ops::Range<usize>>,
-    ) {
-        let (stride, hd, capacity) = (self.key_stride, self.hd, self.capacity);
-        let rows = self.n_layer * self.kv_dim;
-        let keys = (0..rows).map(move |r| r * stride + start..r * stride + start + n);
-        // Layer and head `lh` starts at `value_base`: `lh * hd * capacity`.
-        let values = (0..rows / hd).map(move |lh| {
-            let base = lh * hd * capacity + start * hd;
-            base..base + n * hd
-        });
-        (keys, values)
+    fn layout(&self) -> Layout {
+        Layout {
+            heads: self.n_layer * self.kv_dim / self.hd,
+            hd: self.hd,
+            key_stride: self.key_stride,
+            room: self.room,
+        }
     }
 
     /// Copies the keys and values of positions `start..start + n` (all valid) into `out`, which
-    /// holds `n * shape().bytes_per_position()` bytes: per layer each key dimension's `n`
-    /// positions, then per layer and head `n` values of `hd`, as the cache stores the numbers.
+    /// holds `n * shape().bytes_per_position()` bytes: per layer each key row's `n` positions (a
+    /// paired type's rows hold two dimensions), then per layer and head `n` values of `hd`, as
+    /// the cache stores the numbers (a paired type's values one position after another).
     /// `put_rows` is its inverse.
     pub fn take_rows(&self, start: usize, n: usize, out: &mut [u8]) {
         assert!(start + n <= self.len, "rows past the cache");
@@ -255,19 +322,10 @@ impl KvCache {
         if n == 0 {
             return;
         }
-        let (key_spans, value_spans) = self.spans(start, n);
+        let layout = self.layout();
         let (out_keys, out_values) = out.split_at_mut(out.len() / 2);
-        let size = self.shape().dtype.bytes();
         on_store!(&self.store, |keys, values| {
-            for (chunk, r) in out_keys.chunks_exact_mut(n * size).zip(key_spans) {
-                chunk.copy_from_slice(bytemuck::cast_slice(&keys[r]));
-            }
-            for (chunk, r) in out_values
-                .chunks_exact_mut(n * self.hd * size)
-                .zip(value_spans)
-            {
-                chunk.copy_from_slice(bytemuck::cast_slice(&values[r]));
-            }
+            layout.take((keys, values), (start, n), (out_keys, out_values))
         })
     }
 
@@ -280,16 +338,10 @@ impl KvCache {
         if n == 0 {
             return;
         }
-        let (key_spans, value_spans) = self.spans(start, n);
+        let layout = self.layout();
         let (in_keys, in_values) = rows.split_at(rows.len() / 2);
-        let (hd, size) = (self.hd, self.shape().dtype.bytes());
         on_store!(&mut self.store, |keys, values| {
-            for (chunk, r) in in_keys.chunks_exact(n * size).zip(key_spans) {
-                bytemuck::cast_slice_mut(&mut keys[r]).copy_from_slice(chunk);
-            }
-            for (chunk, r) in in_values.chunks_exact(n * hd * size).zip(value_spans) {
-                bytemuck::cast_slice_mut(&mut values[r]).copy_from_slice(chunk);
-            }
+            layout.put((keys, values), (start, n), (in_keys, in_values))
         });
         self.len = start + n;
     }
@@ -299,56 +351,162 @@ impl KvCache {
         self.len = len;
     }
 
-    /// Where the values of `head` in `layer` start.
-    fn value_base(&self, layer: usize, head: usize) -> usize {
-        debug_assert!(layer < self.n_layer && head * self.hd < self.kv_dim);
-        (layer * self.kv_dim + head * self.hd) * self.capacity
-    }
-
     /// Writes the key and value of `pos` in `layer`, each number rounded to the stored type.
     pub(crate) fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
         debug_assert!(pos < self.capacity);
         let (hd, kv_dim, stride) = (self.hd, self.kv_dim, self.key_stride);
-        let first_value = self.value_base(layer, 0) + pos * hd;
-        let head_values = hd * self.capacity;
-        on_store!(&mut self.store, |keys, values| {
-            for (head, v) in value[..kv_dim].chunks(hd).enumerate() {
+        let heads = kv_dim / hd;
+        let (first_value, head_values) = (layer * heads * hd * self.room, hd * self.room);
+        /// The writes over numbers of type `E` (`keys` from the layer's first row).
+        fn write_of<E: KvElem>(
+            (keys, values): (&mut [E], &mut [E]),
+            (key, value): (&[f32], &[f32]),
+            (pos, hd, stride, first_value, head_values): (usize, usize, usize, usize, usize),
+        ) {
+            for (head, v) in value.chunks(hd).enumerate() {
                 let o = first_value + head * head_values;
-                for (to, &x) in values[o..o + hd].iter_mut().zip(v) {
-                    *to = KvElem::from_f32(x);
+                for (d, &x) in v.iter().enumerate() {
+                    values[o + E::value_at(pos, d, hd)] = E::from_f32(x);
                 }
             }
-            let rows = &mut keys[layer * kv_dim * stride..];
-            for (i, &k) in key[..kv_dim].iter().enumerate() {
-                rows[i * stride + pos] = KvElem::from_f32(k);
+            for (i, &k) in key.iter().enumerate() {
+                keys[E::key_at(i, pos, stride)] = E::from_f32(k);
             }
+        }
+        let at = (pos, hd, stride, first_value, head_values);
+        let (key, value) = (&key[..kv_dim], &value[..kv_dim]);
+        on_store!(&mut self.store, |keys, values| {
+            let rows = &mut keys[layer * kv_dim * stride..];
+            write_of((rows, values), (key, value), at)
         })
     }
 
     /// The first `len` keys and values of head `head` in layer `layer`.
     pub(crate) fn head(&self, layer: usize, head: usize, len: usize) -> KvHead<'_> {
         let hd = self.hd;
-        let v = self.value_base(layer, head);
+        let v = (layer * self.kv_dim + head * hd) * self.room;
         let k = (layer * self.kv_dim + head * hd) * self.key_stride;
-        let (ks, vs) = (k..k + hd * self.key_stride, v..v + self.capacity * hd);
+        let (ks, vs) = (k..k + hd * self.key_stride, v..v + self.room * hd);
         on_store!(&self.store, |keys, values| {
             KvHead::new(&keys[ks], &values[vs], self.key_stride, hd, hd, len)
         })
     }
 }
 
-/// The first `len` numbers of each of `rows` runs, from runs `strides.1` apart in `from` to runs
-/// `strides.0` apart in `to`.
-fn copy_prefix_of<E: Copy>(
-    to: &mut [E],
-    from: &[E],
-    strides: (usize, usize),
-    rows: usize,
-    len: usize,
-) {
-    for r in 0..rows {
-        let (a, b) = (r * strides.0, r * strides.1);
-        to[a..a + len].copy_from_slice(&from[b..b + len]);
+/// Where a cache's numbers lie: `heads` (layers times KV heads) of `hd` key rows `key_stride`
+/// positions long (`hd / 2` rows of pairs twice as long for a paired type), and `room`
+/// positions of values each.
+#[derive(Clone, Copy)]
+struct Layout {
+    heads: usize,
+    hd: usize,
+    key_stride: usize,
+    room: usize,
+}
+
+impl Layout {
+    /// Key rows of a type: (rows, numbers in a row, numbers per position in a row).
+    fn key_rows<E: KvElem>(&self) -> (usize, usize, usize) {
+        let per = if E::PAIRED { 2 } else { 1 };
+        (self.heads * self.hd / per, per * self.key_stride, per)
+    }
+
+    /// Moves position `from`'s keys and values to `to`.
+    fn move_position<E: KvElem>(&self, keys: &mut [E], values: &mut [E], from: usize, to: usize) {
+        let (hd, ks) = (self.hd, self.key_stride);
+        for h in 0..self.heads {
+            let (kb, vb) = (h * hd * ks, h * hd * self.room);
+            for i in 0..hd {
+                keys[kb + E::key_at(i, to, ks)] = keys[kb + E::key_at(i, from, ks)];
+                values[vb + E::value_at(to, i, hd)] = values[vb + E::value_at(from, i, hd)];
+            }
+        }
+    }
+
+    /// Makes the first `len` positions of `to` (in this layout) those of `from` (in `of`),
+    /// copying nothing else.
+    fn copy_prefix<E: KvElem>(
+        &self,
+        of: Layout,
+        to: (&mut [E], &mut [E]),
+        from: (&[E], &[E]),
+        len: usize,
+    ) {
+        let (rows, to_row, per) = self.key_rows::<E>();
+        let from_row = of.key_rows::<E>().1;
+        for r in 0..rows {
+            to.0[r * to_row..][..per * len].copy_from_slice(&from.0[r * from_row..][..per * len]);
+        }
+        let hd = self.hd;
+        // Whole pairs of positions in one run; a paired type's odd last position by itself.
+        let whole = if E::PAIRED { len / 2 * 2 } else { len };
+        for h in 0..self.heads {
+            let (a, b) = (h * hd * self.room, h * hd * of.room);
+            to.1[a..a + whole * hd].copy_from_slice(&from.1[b..b + whole * hd]);
+            for t in whole..len {
+                for d in 0..hd {
+                    to.1[a + E::value_at(t, d, hd)] = from.1[b + E::value_at(t, d, hd)];
+                }
+            }
+        }
+    }
+
+    /// `KvCache::take_rows` over numbers of type `E`.
+    fn take<E: KvElem>(
+        &self,
+        (keys, values): (&[E], &[E]),
+        (start, n): (usize, usize),
+        (out_keys, out_values): (&mut [u8], &mut [u8]),
+    ) {
+        let (_, row, per) = self.key_rows::<E>();
+        let size = std::mem::size_of::<E>();
+        for (r, chunk) in out_keys.chunks_exact_mut(per * n * size).enumerate() {
+            chunk.copy_from_slice(bytemuck::cast_slice(
+                &keys[r * row + per * start..][..per * n],
+            ));
+        }
+        let hd = self.hd;
+        for (h, chunk) in out_values.chunks_exact_mut(n * hd * size).enumerate() {
+            let base = h * hd * self.room;
+            if E::PAIRED {
+                let one_by_one: Vec<E> = (start..start + n)
+                    .flat_map(|t| (0..hd).map(move |d| values[base + E::value_at(t, d, hd)]))
+                    .collect();
+                chunk.copy_from_slice(bytemuck::cast_slice(&one_by_one));
+            } else {
+                chunk.copy_from_slice(bytemuck::cast_slice(&values[base + start * hd..][..n * hd]));
+            }
+        }
+    }
+
+    /// `KvCache::put_rows` over numbers of type `E`: `take`'s inverse.
+    fn put<E: KvElem>(
+        &self,
+        (keys, values): (&mut [E], &mut [E]),
+        (start, n): (usize, usize),
+        (in_keys, in_values): (&[u8], &[u8]),
+    ) {
+        let (_, row, per) = self.key_rows::<E>();
+        let size = std::mem::size_of::<E>();
+        for (r, chunk) in in_keys.chunks_exact(per * n * size).enumerate() {
+            let to = &mut keys[r * row + per * start..][..per * n];
+            bytemuck::cast_slice_mut(to).copy_from_slice(chunk);
+        }
+        let hd = self.hd;
+        for (h, chunk) in in_values.chunks_exact(n * hd * size).enumerate() {
+            let base = h * hd * self.room;
+            if E::PAIRED {
+                let one_by_one: Vec<E> = bytemuck::pod_collect_to_vec(chunk);
+                for (j, t) in (start..start + n).enumerate() {
+                    for d in 0..hd {
+                        values[base + E::value_at(t, d, hd)] = one_by_one[j * hd + d];
+                    }
+                }
+            } else {
+                let to = &mut values[base + start * hd..][..n * hd];
+                bytemuck::cast_slice_mut(to).copy_from_slice(chunk);
+            }
+        }
     }
 }
 
@@ -357,8 +515,9 @@ mod tests {
     use super::*;
     use crate::kernels::KvElems;
 
-    /// Both number types: every test's numbers are exact in f16.
-    const DTYPES: [KvDtype; 2] = [KvDtype::F16, KvDtype::F32];
+    /// Every number type: the tests' numbers are exact in each wherever they are compared with
+    /// what was written.
+    const DTYPES: [KvDtype; 3] = [KvDtype::F16, KvDtype::Bf16, KvDtype::F32];
 
     fn cache(dtype: KvDtype, capacity: usize) -> KvCache {
         let shape = KvShape {
@@ -373,18 +532,22 @@ mod tests {
     /// Key dimension `i` of position `pos` of `head` in `layer`, as f32.
     fn key(c: &KvCache, layer: usize, head: usize, i: usize, pos: usize) -> f32 {
         let h = c.head(layer, head, pos + 1);
+        let ks = h.key_stride;
         match h.elems {
-            KvElems::F32 { keys, .. } => keys[i * h.key_stride + pos],
-            KvElems::F16 { keys, .. } => keys[i * h.key_stride + pos].to_f32(),
+            KvElems::F32 { keys, .. } => keys[f32::key_at(i, pos, ks)],
+            KvElems::F16 { keys, .. } => keys[f16::key_at(i, pos, ks)].to_f32(),
+            KvElems::Bf16 { keys, .. } => keys[bf16::key_at(i, pos, ks)].to_f32(),
         }
     }
 
     /// Value dimension `i` of position `pos` of `head` in `layer`, as f32.
     fn value(c: &KvCache, layer: usize, head: usize, i: usize, pos: usize) -> f32 {
         let h = c.head(layer, head, pos + 1);
+        let vs = h.value_stride;
         match h.elems {
-            KvElems::F32 { values, .. } => values[pos * h.value_stride + i],
-            KvElems::F16 { values, .. } => values[pos * h.value_stride + i].to_f32(),
+            KvElems::F32 { values, .. } => values[f32::value_at(pos, i, vs)],
+            KvElems::F16 { values, .. } => values[f16::value_at(pos, i, vs)].to_f32(),
+            KvElems::Bf16 { values, .. } => values[bf16::value_at(pos, i, vs)].to_f32(),
         }
     }
 
@@ -420,15 +583,17 @@ mod tests {
     /// finite number; f32 keeps it as given.
     #[test]
     fn numbers_are_rounded_to_the_stored_type_once() {
-        let given = [1.0f32 / 3.0, -7.1e-3, 1.0e6, -1.0e6];
+        let given = [1.0f32 / 3.0, -7.1e-3, 1.0e6, -f32::INFINITY];
         for dtype in DTYPES {
             let mut c = cache(dtype, 4);
             c.write(0, 1, &given, &given);
             c.set_len(2);
             for (i, &x) in given.iter().enumerate() {
                 let want = match dtype {
+                    KvDtype::F32 if x.is_infinite() => continue,
                     KvDtype::F32 => x,
                     KvDtype::F16 => f16::from_f32(x.clamp(-65504.0, 65504.0)).to_f32(),
+                    KvDtype::Bf16 => bf16::from_f32(x.max(bf16::MIN.to_f32())).to_f32(),
                 };
                 assert_eq!(key(&c, 0, i / 2, i % 2, 1), want, "{dtype:?} key {i}");
                 assert_eq!(value(&c, 0, i / 2, i % 2, 1), want, "{dtype:?} value {i}");

@@ -179,13 +179,14 @@ impl Model {
         } else {
             weights::for_products(token_embd.clone(), precision, isa)
         };
+        let kv_dtype = KvDtype::auto(c.head_dim);
         Ok(Model {
             output_norm: vector("output_norm.weight", d)?,
             config: c,
             token_embd,
             layers,
             output,
-            kv_dtype: KvDtype::default(),
+            kv_dtype,
         })
     }
 
@@ -314,7 +315,8 @@ impl Model {
         }
     }
 
-    /// What the caches `new_cache` makes from now on store keys and values as (f32 by default).
+    /// What the caches `new_cache` makes from now on store keys and values as (`KvDtype::auto`
+    /// by default).
     pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
         self.kv_dtype = dtype;
     }

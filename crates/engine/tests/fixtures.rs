@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use engine::kv_cache::KvCache;
+use engine::kv_cache::{KvCache, KvDtype};
 use engine::model::BatchItem;
 
 #[test]
@@ -69,27 +69,41 @@ fn logits_match_reference_under_teacher_forcing() {
         let fx = fixture(file);
         let lm = model(alias);
         let vocab = lm.model.config.vocab_size;
-        let mut worst = 0f32;
-        for case in &fx.generation {
-            let rows = teacher_forced(&lm.model, &case.prompt_ids, &case.greedy_ids);
-            for (j, top5) in case.top5_logprobs.iter().enumerate() {
-                let row = &rows[j * vocab..(j + 1) * vocab];
-                let (ref_id, ref_lp) = top5[0];
-                let ours = log_softmax_at(row, ref_id);
-                let diff = (ours - ref_lp).abs();
-                worst = worst.max(diff);
-                assert!(
-                    diff <= TOL,
-                    "{alias} {} position {j}: log p(top1={ref_id}) = {ours}, reference {ref_lp}",
-                    case.name
-                );
-                if top5[0].1 - top5[1].1 > 0.5 {
+        // The cache types held to the band: f32 and bf16 (the default; on AMX tiles where this
+        // CPU's class has them). f16 rounds SmolLM2's keys and values to 0.39 nats off at one
+        // position of these cases (its outliers need bf16's range more than its digits), which
+        // is why it is not the default.
+        for dtype in [KvDtype::F32, KvDtype::Bf16] {
+            let mut worst = 0f32;
+            let mut argmaxes = (0, 0);
+            for case in &fx.generation {
+                let (prompt, cont) = (&case.prompt_ids, &case.greedy_ids);
+                let rows = teacher_forced_in(&lm.model, dtype, prompt, cont);
+                for (j, top5) in case.top5_logprobs.iter().enumerate() {
+                    let row = &rows[j * vocab..(j + 1) * vocab];
+                    let (ref_id, ref_lp) = top5[0];
+                    let ours = log_softmax_at(row, ref_id);
+                    let diff = (ours - ref_lp).abs();
+                    worst = worst.max(diff);
+                    let what = format!("{alias} {dtype:?} {} position {j}", case.name);
+                    assert!(
+                        diff <= TOL,
+                        "{what}: log p(top1={ref_id}) = {ours}, reference {ref_lp}"
+                    );
                     let argmax = engine::sampling::argmax(row);
-                    assert_eq!(argmax, ref_id, "{alias} {} position {j}: argmax", case.name);
+                    argmaxes.0 += usize::from(argmax == ref_id);
+                    argmaxes.1 += 1;
+                    if top5[0].1 - top5[1].1 > 0.5 {
+                        assert_eq!(argmax, ref_id, "{what}: argmax");
+                    }
                 }
             }
+            eprintln!(
+                "{alias} {dtype:?} cache: largest top-1 log-prob difference {worst:.4} nats, \
+                 top-1 agrees at {} of {} positions",
+                argmaxes.0, argmaxes.1
+            );
         }
-        eprintln!("{alias}: largest top-1 log-prob difference {worst:.4} nats");
     }
 }
 

@@ -72,7 +72,7 @@ fn models_at(precision: Precision) -> Vec<(Reference, LoadedModel)> {
 /// factor, window, norm, activation or fused-tensor split moves them by tenths to whole nats.
 const EXACT: f32 = 1e-3;
 
-/// The same bound for the reference's top-1 as served. F32 weights: as above. F16 weights:
+/// The same bound for the reference's top-1 as served, with an f32 cache. F32 weights: as above. F16 weights:
 /// candle's f16 products round the activations to f16 too (measured 0.023; 0.036 with an f16
 /// cache). Our quantized formats quantize activations to 8 bits per block of 32, and on these
 /// tiny models a block is half of the width and the random weights are large (measured 0.38 on
@@ -124,15 +124,24 @@ fn tiny_models_cover_every_architecture() {
 }
 
 /// Compares every position's log-probabilities with the reference's top 8 (or only its top 1),
-/// and the argmax wherever the reference leads by more than twice the tolerance; returns the
-/// largest difference. Up to `outliers` positions (out of all the cases') may lie beyond the
-/// tolerance; they are left out of the largest difference and reported.
-fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool, outliers: usize) -> f32 {
+/// and the argmax wherever the reference leads by more than twice the tolerance, the keys and
+/// values cached as `dtype`; returns the largest difference. Up to `outliers` positions (out of
+/// all the cases') may lie beyond the tolerance or have another argmax; they are reported.
+fn compare_in(
+    r: &Reference,
+    lm: &LoadedModel,
+    dtype: KvDtype,
+    (tol, top1_only, outliers): (f32, bool, usize),
+) -> f32 {
     let vocab = lm.model.config.vocab_size;
     let mut worst = 0f32;
     let mut beyond = Vec::new();
     for (ci, case) in r.cases.iter().enumerate() {
-        let mut cache = lm.model.new_cache(case.ids.len());
+        let shape = engine::kv_cache::KvShape {
+            dtype,
+            ..lm.model.kv_shape()
+        };
+        let mut cache = KvCache::new(shape, case.ids.len());
         let rows = all_logits(lm, &case.ids, &mut cache);
         for (j, top) in case.top.iter().enumerate() {
             let row = &rows[j * vocab..(j + 1) * vocab];
@@ -159,7 +168,14 @@ fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool, outliers:
             }
             if top[0].1 - top[1].1 > 2.0 * tol {
                 let argmax = engine::sampling::argmax(row);
-                assert_eq!(argmax, top[0].0, "{} case {ci} position {j}", r.name);
+                let what = format!("{} case {ci} position {j}: argmax {argmax}", r.name);
+                // A flipped argmax at an expert near-tie counts among the outliers too.
+                if argmax != top[0].0 && beyond.len() < outliers {
+                    eprintln!("{what} (one of the {outliers} allowed)");
+                    beyond.push(what);
+                    continue;
+                }
+                assert_eq!(argmax, top[0].0, "{what}");
             }
         }
     }
@@ -169,7 +185,7 @@ fn compare(r: &Reference, lm: &LoadedModel, tol: f32, top1_only: bool, outliers:
 #[test]
 fn tiny_logits_match_transformers_exactly_in_f32() {
     for (r, lm) in models_f32() {
-        let worst = compare(&r, &lm, EXACT, false, 0);
+        let worst = compare_in(&r, &lm, KvDtype::F32, (EXACT, false, 0));
         eprintln!(
             "{} ({}, {} as f32): largest difference {worst:.2e}",
             r.name, r.arch, r.weights
@@ -194,29 +210,41 @@ fn served_outliers(r: &Reference, lm: &LoadedModel) -> usize {
 #[test]
 fn tiny_logits_as_served_stay_near_transformers() {
     for (r, lm) in models() {
-        let tol = served_tolerance(&r.weights);
-        let worst = compare(&r, &lm, tol, true, served_outliers(&r, &lm));
-        eprintln!(
-            "{} ({}, {}): largest top-1 difference {worst:.2e}",
-            r.name, r.arch, r.weights
-        );
+        let outliers = served_outliers(&r, &lm);
+        for dtype in [KvDtype::F32, lm.model.kv_shape().dtype] {
+            let tol = match dtype {
+                KvDtype::F32 => served_tolerance(&r.weights),
+                _ => served_tolerance(&r.weights).max(BF16_CACHE),
+            };
+            let worst = compare_in(&r, &lm, dtype, (tol, true, outliers));
+            eprintln!(
+                "{} ({}, {}, {dtype:?} cache): largest top-1 difference {worst:.2e}",
+                r.name, r.arch, r.weights
+            );
+        }
     }
 }
 
-/// The KV cache keeps f32 keys and values unless told f16, and the caches made after
-/// `set_kv_dtype` are of the type it names.
+/// The bound as served with the default bf16 cache: its 8-bit keys and values move these random
+/// models' sharp attention further than real models' (measured 0.105 nats on the F16 Llama 3,
+/// 0.08 on the F32 gpt-oss; on the transformers fixtures of the real models bf16 stays as close
+/// as f32, see fixtures.rs).
+const BF16_CACHE: f32 = 0.25;
+
+/// The KV cache keeps bf16 keys and values unless told otherwise (f32 for an odd head size),
+/// and the caches made after `set_kv_dtype` are of the type it names.
 #[test]
-fn the_cache_number_type_is_f32_unless_told() {
+fn the_cache_number_type_is_bf16_unless_told() {
     for (r, mut lm) in models().into_iter().chain(models_f32()) {
-        assert_eq!(lm.model.kv_shape().dtype, KvDtype::F32, "{}", r.name);
-        assert_eq!(
-            lm.model.new_cache(8).shape().dtype,
-            KvDtype::F32,
-            "{}",
-            r.name
-        );
-        lm.model.set_kv_dtype(KvDtype::F16);
-        assert_eq!(lm.model.new_cache(8).shape().dtype, KvDtype::F16);
+        let want = KvDtype::auto(lm.model.config.head_dim);
+        let even = lm.model.config.head_dim % 2 == 0;
+        assert_eq!(want, if even { KvDtype::Bf16 } else { KvDtype::F32 });
+        assert_eq!(lm.model.kv_shape().dtype, want, "{}", r.name);
+        assert_eq!(lm.model.new_cache(8).shape().dtype, want, "{}", r.name);
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            lm.model.set_kv_dtype(dtype);
+            assert_eq!(lm.model.new_cache(8).shape().dtype, dtype);
+        }
     }
 }
 
@@ -285,14 +313,17 @@ fn tiny_batched_pass_equals_single_steps() {
 }
 
 /// Speculative greedy output (chains of several lengths and a draft tree) equals plain greedy,
-/// with either KV cache number type (each model's drafts must be accepted somewhere, so that the comparison covers
+/// with every KV cache number type (bf16 on AMX tiles where the CPU's class has them) (each model's drafts must be accepted somewhere, so that the comparison covers
 /// kept drafts: Mistral's random weights accept one draft token in all with f32 keys and none
 /// with f16, so acceptance counts over both).
 #[test]
 fn tiny_speculative_greedy_equals_plain() {
     for (r, mut lm) in models() {
         let mut accepted = 0;
-        for dtype in [KvDtype::F16, KvDtype::F32] {
+        for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+            if dtype == KvDtype::Bf16 && lm.model.config.head_dim % 2 == 1 {
+                continue;
+            }
             lm.model.set_kv_dtype(dtype);
             for case in &r.cases {
                 let plain = greedy(&lm, &case.ids, 64, 0);

@@ -77,10 +77,11 @@ impl Engine {
         let kv_dtype = match kv_cache_dtype {
             "auto" => None,
             "f16" | "float16" | "half" => Some(KvDtype::F16),
+            "bf16" | "bfloat16" => Some(KvDtype::Bf16),
             "f32" | "float32" | "float" => Some(KvDtype::F32),
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "kv_cache_dtype must be \"auto\", \"f16\" or \"f32\", not {other:?}"
+                    "kv_cache_dtype must be \"auto\", \"f16\", \"bf16\" or \"f32\", not {other:?}"
                 )))
             }
         };

@@ -217,12 +217,13 @@ def test_bad_settings_raise_value_errors_naming_the_field():
         LLM("smollm2-135m", kv_cache_dtype="fp8")
 
 
-def test_an_f16_cache_is_asked_for_by_vllms_name(llm):
-    assert llm.kv_cache_dtype == "f32"
-    half = LLM("smollm2-135m", kv_cache_dtype="f16", threads=2)
-    assert half.kv_cache_dtype == "f16"
-    out = half.generate(PROMPT, greedy(16), use_tqdm=False)[0]
-    assert len(out.outputs[0].token_ids) == 16
+def test_a_cache_type_is_asked_for_by_vllms_name(llm):
+    assert llm.kv_cache_dtype == "bf16"
+    for name, dtype in [("f16", "f16"), ("float32", "f32"), ("bfloat16", "bf16")]:
+        other = LLM("smollm2-135m", kv_cache_dtype=name, threads=2)
+        assert other.kv_cache_dtype == dtype
+        out = other.generate(PROMPT, greedy(16), use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 16
 
 
 def test_model_errors_are_exceptions_with_pld_messages(tmp_path, llm):

@@ -1,23 +1,60 @@
 //! Attention of the query heads that share one key/value head of the cache (keys stored
 //! transposed): the plain loops, and one tiled kernel for one or several rows at once on 256-bit
-//! (AVX2) or 512-bit (AVX-512) registers. Keys and values are f32 or f16 (`KvElem`); every
-//! product and sum is in f32, an f16 number widened exactly as it is loaded.
+//! (AVX2) or 512-bit (AVX-512) registers. Keys and values are f32, f16 or bf16 (`KvElem`);
+//! every product and sum is in f32, a 16-bit number widened exactly as it is loaded. A bf16
+//! cache on AMX takes its own kernel (`x86::amx_attention`), whose products are bf16 tiles.
 
 use super::elementwise::exp_lane;
 use super::isa::{assert_available, isa, Isa};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
-use half::f16;
+use half::{bf16, f16};
 
-/// A number type the KV cache stores keys and values in: f32 or f16, no other (the vector kernels
-/// load by `HALF`).
+/// How a cached number is widened to f32 as the vector kernels load it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemKind {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// A number type the KV cache stores keys and values in: f32, f16 or bf16, no other (the vector
+/// kernels load by `KIND`).
 pub trait KvElem: sealed::OneOfOurs + Copy + Send + Sync + bytemuck::Pod + 'static {
     /// The cache's zero.
     const ZERO: Self;
-    /// Half precision (else f32).
-    const HALF: bool;
-    /// `v` rounded to the nearest number of the type (f16: out-of-range values saturate to the
-    /// largest finite one, so a cache never holds an infinity its attention would turn to NaN).
+    /// Which of the three it is.
+    const KIND: ElemKind;
+    /// Whether a head's numbers lie in pairs, as AMX's bf16 tiles take them (bf16): dimensions
+    /// `2p` and `2p + 1` of a key side by side along one row of positions, and positions `2k`
+    /// and `2k + 1` of the values side by side along one row of dimensions.
+    const PAIRED: bool = matches!(Self::KIND, ElemKind::Bf16);
+
+    /// Where dimension `i` of key `t` lies among a head's keys (rows `key_stride` apart):
+    /// `i * key_stride + t`, or paired, `(i / 2) * 2 * key_stride + 2 * t + i % 2`.
+    #[inline(always)]
+    fn key_at(i: usize, t: usize, key_stride: usize) -> usize {
+        if Self::PAIRED {
+            (i / 2) * 2 * key_stride + 2 * t + i % 2
+        } else {
+            i * key_stride + t
+        }
+    }
+
+    /// Where dimension `d` of value `t` lies among a head's values (`value_stride` per
+    /// position): `t * value_stride + d`, or paired, `(t / 2) * 2 * value_stride + 2 * d + t % 2`.
+    #[inline(always)]
+    fn value_at(t: usize, d: usize, value_stride: usize) -> usize {
+        if Self::PAIRED {
+            (t / 2) * 2 * value_stride + 2 * d + t % 2
+        } else {
+            t * value_stride + d
+        }
+    }
+
+    /// `v` rounded to the nearest number of the type (f16 and bf16: out-of-range values saturate
+    /// to the largest finite one, so a cache never holds an infinity its attention would turn to
+    /// NaN).
     fn from_f32(v: f32) -> Self;
     /// The number, exactly, as f32.
     fn to_f32(self) -> f32;
@@ -29,11 +66,12 @@ mod sealed {
     pub trait OneOfOurs {}
     impl OneOfOurs for f32 {}
     impl OneOfOurs for half::f16 {}
+    impl OneOfOurs for half::bf16 {}
 }
 
 impl KvElem for f32 {
     const ZERO: f32 = 0.0;
-    const HALF: bool = false;
+    const KIND: ElemKind = ElemKind::F32;
     #[inline]
     fn from_f32(v: f32) -> f32 {
         v
@@ -49,7 +87,7 @@ impl KvElem for f32 {
 
 impl KvElem for f16 {
     const ZERO: f16 = f16::ZERO;
-    const HALF: bool = true;
+    const KIND: ElemKind = ElemKind::F16;
     #[inline]
     fn from_f32(v: f32) -> f16 {
         f16::from_f32(v.clamp(f16::MIN.to_f32(), f16::MAX.to_f32()))
@@ -63,17 +101,45 @@ impl KvElem for f16 {
     }
 }
 
+impl KvElem for bf16 {
+    const ZERO: bf16 = bf16::ZERO;
+    const KIND: ElemKind = ElemKind::Bf16;
+    #[inline]
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v.clamp(bf16::MIN.to_f32(), bf16::MAX.to_f32()))
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn elems<'a>(keys: &'a [bf16], values: &'a [bf16]) -> KvElems<'a> {
+        KvElems::Bf16 { keys, values }
+    }
+}
+
 /// The keys and values of a `KvHead`, in the type its cache stores.
 #[derive(Clone, Copy)]
 pub enum KvElems<'a> {
-    F32 { keys: &'a [f32], values: &'a [f32] },
-    F16 { keys: &'a [f16], values: &'a [f16] },
+    F32 {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    F16 {
+        keys: &'a [f16],
+        values: &'a [f16],
+    },
+    Bf16 {
+        keys: &'a [bf16],
+        values: &'a [bf16],
+    },
 }
 
 /// One key/value head of a cache over its first `len` positions. Keys are stored transposed, one
 /// row per dimension: dimension `i` of key `t` is `keys[i * key_stride + t]`, so that the scores
 /// of consecutive positions are one vector product away (no horizontal sums); value `t` is
-/// `values[t * value_stride..][..hd]`.
+/// `values[t * value_stride..][..hd]`. A bf16 head is paired (`KvElem::key_at`, `value_at`).
+/// Position `t` is stored at `t + offset`: 0, or 1 where a paired head skipped an odd number of
+/// positions (its values only split between pairs).
 #[derive(Clone, Copy)]
 pub struct KvHead<'a> {
     pub elems: KvElems<'a>,
@@ -81,6 +147,7 @@ pub struct KvHead<'a> {
     pub value_stride: usize,
     pub hd: usize,
     pub len: usize,
+    pub offset: usize,
 }
 
 /// A `KvHead` over keys and values of one known type: what the kernels compute with.
@@ -92,6 +159,7 @@ pub(crate) struct KvOf<'a, E> {
     pub value_stride: usize,
     pub hd: usize,
     pub len: usize,
+    pub offset: usize,
 }
 
 impl<'a> KvHead<'a> {
@@ -110,26 +178,44 @@ impl<'a> KvHead<'a> {
             value_stride,
             hd,
             len,
+            offset: 0,
         }
     }
 
-    /// The same head without its first `n` positions: position `n + t` becomes `t`.
+    /// The same head without its first `n` positions: position `n + t` becomes `t`. A paired
+    /// head's values only split between pairs: an odd `n` drops one position fewer from the
+    /// slices and offsets the rest by one.
     pub fn skip(self, n: usize) -> KvHead<'a> {
-        assert!(n < self.len, "skipping every position");
+        assert!(n < self.len && self.offset == 0, "skipping every position");
         let vs = n * self.value_stride;
-        let elems = match self.elems {
-            KvElems::F32 { keys, values } => KvElems::F32 {
-                keys: &keys[n..],
-                values: &values[vs..],
-            },
-            KvElems::F16 { keys, values } => KvElems::F16 {
-                keys: &keys[n..],
-                values: &values[vs..],
-            },
+        let (elems, dropped) = match self.elems {
+            KvElems::F32 { keys, values } => (
+                KvElems::F32 {
+                    keys: &keys[n..],
+                    values: &values[vs..],
+                },
+                n,
+            ),
+            KvElems::F16 { keys, values } => (
+                KvElems::F16 {
+                    keys: &keys[n..],
+                    values: &values[vs..],
+                },
+                n,
+            ),
+            KvElems::Bf16 { keys, values } => {
+                let even = n / 2 * 2;
+                let elems = KvElems::Bf16 {
+                    keys: &keys[2 * even..],
+                    values: &values[even * self.value_stride..],
+                };
+                (elems, even)
+            }
         };
         KvHead {
             elems,
             len: self.len - n,
+            offset: n - dropped,
             ..self
         }
     }
@@ -143,6 +229,7 @@ impl<'a> KvHead<'a> {
             value_stride: self.value_stride,
             hd: self.hd,
             len: self.len,
+            offset: self.offset,
         }
     }
 }
@@ -161,22 +248,40 @@ macro_rules! with_typed {
                 let $kv = head.of(keys, values);
                 $body
             }
+            KvElems::Bf16 { keys, values } => {
+                let $kv = head.of(keys, values);
+                $body
+            }
         }
     }};
 }
 
-impl<E> KvOf<'_, E> {
+impl<E: KvElem> KvOf<'_, E> {
     /// Panics unless every key and value of the `len` positions lies inside the slices.
     fn check(&self) {
-        let Self { hd, len, .. } = *self;
+        let (hd, len) = (self.hd, self.len + self.offset);
         assert!(
-            hd > 0 && len > 0 && len <= self.key_stride,
+            hd > 0 && len > 0 && len <= self.key_stride && (hd % 2 == 0 || !E::PAIRED),
             "key rows too short"
         );
+        let (ks, vs) = (self.key_stride, self.value_stride);
         assert!(
-            self.keys.len() >= (hd - 1) * self.key_stride + len
-                && self.values.len() >= (len - 1) * self.value_stride + hd,
+            self.keys.len() > E::key_at(hd - 1, len - 1, ks)
+                && self.values.len() > E::value_at(len - 1, hd - 1, vs),
             "cache too short"
+        );
+    }
+
+    /// Panics unless the tiles' reads lie inside the slices: every key row and value up to the
+    /// end of the block holding the last position.
+    #[cfg(target_arch = "x86_64")]
+    fn check_whole_blocks(&self) {
+        let (ks, vs) = (self.key_stride, self.value_stride);
+        let end = self.len.next_multiple_of(ATTENTION_BLOCK);
+        assert!(
+            self.keys.len() >= E::key_at(self.hd - 2, end, ks)
+                && self.values.len() >= E::value_at(end, 0, vs),
+            "a bf16 head on tiles must hold whole blocks"
         );
     }
 }
@@ -279,7 +384,21 @@ pub fn attend_rows(
         "one sink per query head"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && hd % 8 == 0 {
+    let tiles = tiles_attend(isa, hd) && kv.offset == 0;
+    #[cfg(target_arch = "x86_64")]
+    if let (KvElems::Bf16 { keys, values }, true) = (kv.elems, tiles) {
+        let kv = kv.of(keys, values);
+        kv.check();
+        kv.check_whole_blocks();
+        // SAFETY: `tiles_attend` checked the CPU's AMX-BF16 and AVX512_BF16 and the tile
+        // permission, and that hd is a multiple of 32; keys and values lie inside the checked
+        // span, queries inside `q`, a tree's rows inside the cache, outputs sized as checked.
+        return unsafe {
+            x86::attend_rows_amx(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && hd % 8 == 0 && kv.offset == 0 {
         return with_typed!(kv, kv => {
             kv.check();
             // SAFETY: the CPU has what `isa` names (asserted above): AVX-512 F with AVX2, FMA
@@ -302,9 +421,12 @@ pub fn attend_rows(
         for (r, o) in out.chunks_mut(gw).enumerate() {
             let n = len - (rows - 1 - r);
             seen.clear();
+            // Where the positions are stored (offset by an odd skip of a paired head: every
+            // implementation comes here for it, so that a row's bits stay those of its path).
+            let at = |t: usize| t + kv.offset;
             match tree.map(|m| m.row(r)) {
-                None => seen.extend(0..n),
-                Some(v) => seen.extend((0..n).filter(|&t| v.sees(t))),
+                None => seen.extend((0..n).map(at)),
+                Some(v) => seen.extend((0..n).filter(|&t| v.sees(t)).map(at)),
             }
             let qr = &q[r * q_stride..r * q_stride + gw];
             for (h, (qh, oh)) in qr.chunks(hd).zip(o.chunks_mut(hd)).enumerate() {
@@ -313,6 +435,17 @@ pub fn attend_rows(
             }
         }
     })
+}
+
+/// Whether `attend_rows` on `isa` computes over a bf16 cache on AMX tiles
+/// (`x86::amx_attention`), whose products round the queries and the weights to bf16, rather
+/// than in f32 as every other implementation does: on `Isa::Amx` where the CPU has AMX-BF16, for
+/// head sizes that are a multiple of 32.
+pub fn tiles_attend(isa: Isa, hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Amx && hd.is_multiple_of(32) && x86::bf16_tiles();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// `attend_plain` with the CPU's fused multiply-add instruction where it has one: the same bits
@@ -378,7 +511,7 @@ pub(crate) fn attend_plain<E: KvElem>(
     for block in seen.chunks(ATTENTION_BLOCK) {
         for (wk, &t) in w.iter_mut().zip(block) {
             let dot = (0..hd).fold(0f32, |a, i| {
-                qh[i].mul_add(keys[i * key_stride + t].to_f32(), a)
+                qh[i].mul_add(keys[E::key_at(i, t, key_stride)].to_f32(), a)
             });
             *wk = dot * scale;
         }
@@ -396,7 +529,7 @@ pub(crate) fn attend_plain<E: KvElem>(
         max = block_max;
         for (i, o) in out.iter_mut().enumerate() {
             *o = w.iter().zip(block).fold(*o * rescale, |a, (wk, &t)| {
-                wk.mul_add(values[t * value_stride + i].to_f32(), a)
+                wk.mul_add(values[E::value_at(t, i, value_stride)].to_f32(), a)
             });
         }
     }

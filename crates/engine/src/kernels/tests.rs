@@ -2,11 +2,6 @@ use super::*;
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
-/// `v` as a KV cache of number type `E` stores it (rounded once).
-fn cached<E: KvElem>(v: Vec<f32>) -> Vec<E> {
-    v.into_iter().map(E::from_f32).collect()
-}
-
 /// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

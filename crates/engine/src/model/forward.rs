@@ -128,7 +128,7 @@ impl Jobs {
         let mut first = 0;
         for (bi, item) in batch.iter().enumerate() {
             let rows = item.tokens.len();
-            let runs = (2 * threads)
+            let runs = threads
                 .div_ceil(c.n_kv_head * batch.len())
                 .clamp(1, rows.max(1));
             for kvh in 0..c.n_kv_head {

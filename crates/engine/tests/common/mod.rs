@@ -73,6 +73,15 @@ pub fn model_f32(alias: &str) -> Arc<LoadedModel> {
     model_at(alias, engine::weights::Precision::F32)
 }
 
+/// `model`, loaded afresh (not shared), its KV caches of number type `dtype`.
+#[allow(dead_code)]
+pub fn model_caching(alias: &str, dtype: engine::kv_cache::KvDtype) -> LoadedModel {
+    let path = models::resolve_model(alias).expect("model available");
+    let mut lm = LoadedModel::load(&path).expect("model loads");
+    lm.model.set_kv_dtype(dtype);
+    lm
+}
+
 fn model_at(alias: &str, precision: engine::weights::Precision) -> Arc<LoadedModel> {
     type Cache = Mutex<Vec<(String, Arc<LoadedModel>)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
@@ -101,9 +110,23 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
 }
 
 /// Prefill in chunks, then every reference token fed in one pass: the logits of each generated
-/// position.
+/// position. The cache stores the model's KV type.
 pub fn teacher_forced(m: &engine::model::Model, prompt: &[u32], cont: &[u32]) -> Vec<f32> {
-    let mut cache = m.new_cache(prompt.len() + cont.len() + 1);
+    teacher_forced_in(m, m.kv_shape().dtype, prompt, cont)
+}
+
+/// `teacher_forced` with a cache of number type `dtype`.
+pub fn teacher_forced_in(
+    m: &engine::model::Model,
+    dtype: engine::kv_cache::KvDtype,
+    prompt: &[u32],
+    cont: &[u32],
+) -> Vec<f32> {
+    let shape = engine::kv_cache::KvShape {
+        dtype,
+        ..m.kv_shape()
+    };
+    let mut cache = engine::kv_cache::KvCache::new(shape, prompt.len() + cont.len() + 1);
     let mut rows = Vec::new();
     for chunk in prompt.chunks(engine::step::PREFILL_CHUNK) {
         rows = m

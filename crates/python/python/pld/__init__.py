@@ -197,8 +197,9 @@ class LLM:
     `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory);
     `prefix_cache_dir` also keeps its blocks as files there, so that a later process starts from
     them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
-    `kv_cache_dtype` is what the KV cache stores keys and values as: "f16" (half the memory and
-    the bytes attention reads), "f32", or "auto" (f32).
+    `kv_cache_dtype` is what the KV cache stores keys and values as: "bf16" or "f16" (half the
+    memory and the bytes attention reads; on AMX, bf16's attention runs on tiles), "f32", or
+    "auto" (bf16; f32 for an odd head size).
     """
 
     def __init__(
@@ -225,7 +226,7 @@ class LLM:
 
     @property
     def kv_cache_dtype(self) -> str:
-        """What the KV cache stores keys and values as: "f16" or "f32"."""
+        """What the KV cache stores keys and values as: "bf16", "f16" or "f32"."""
         return self._engine.kv_cache_dtype
 
     @property

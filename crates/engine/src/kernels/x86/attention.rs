@@ -1,6 +1,6 @@
 //! Attention of query heads over one key/value head, for one or several consecutive rows of a
 //! sequence at once, written once over the register width (`width::Width`): 512-bit registers on
-//! AVX-512, 256-bit ones on AVX2. Keys and values are f32 or f16 (`KvElem`), widened to f32
+//! AVX-512, 256-bit ones on AVX2. Keys and values are f32, f16 or bf16 (`KvElem`), widened to f32
 //! lanes as they are loaded.
 //!
 //! One sweep over the positions in blocks of `ATTENTION_BLOCK` with an online softmax: for a few
@@ -15,7 +15,9 @@
 use super::online_softmax::BlockWeights;
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
-use crate::kernels::attention::{attend_plain, normalizer, KvElem, KvOf, TreeMask, Visible};
+use crate::kernels::attention::{
+    attend_plain, normalizer, ElemKind, KvElem, KvOf, TreeMask, Visible,
+};
 use std::arch::x86_64::*;
 
 /// Queries whose scores, weights and values are computed together for a block: one score tile
@@ -29,11 +31,47 @@ const QUERIES: usize = 6;
 /// and F16C.
 #[inline(always)]
 unsafe fn lanes<W: Width, E: KvElem>(p: *const E) -> W::F {
-    if E::HALF {
+    if E::KIND == ElemKind::F16 {
         W::f16s(p as *const u8)
     } else {
         W::loadf(p as *const f32)
     }
+}
+
+/// `W::LANES` consecutive positions from `t` of key dimension `i` of the head's keys at `pk`
+/// (rows `ks` apart), in f32 lanes: from one row, or paired (bf16), the even or odd halves of
+/// the row of pairs.
+///
+/// # Safety
+/// As `lanes`, for the numbers read.
+#[inline(always)]
+unsafe fn key_lanes<W: Width, E: KvElem>(pk: *const E, ks: usize, i: usize, t: usize) -> W::F {
+    if E::PAIRED {
+        W::bf16_half(pk.add(E::key_at(i & !1, t, ks)) as *const u8, i % 2 == 1)
+    } else {
+        lanes::<W, E>(pk.add(E::key_at(i, t, ks)))
+    }
+}
+
+/// `W::LANES` consecutive dimensions from `d` of value `t` of the head's values at `pv`
+/// (`vs` per position), in f32 lanes, as `key_lanes`.
+///
+/// # Safety
+/// As `lanes`, for the numbers read.
+#[inline(always)]
+unsafe fn value_lanes<W: Width, E: KvElem>(pv: *const E, vs: usize, t: usize, d: usize) -> W::F {
+    if E::PAIRED {
+        W::bf16_half(pv.add(E::value_at(t & !1, d, vs)) as *const u8, t % 2 == 1)
+    } else {
+        lanes::<W, E>(pv.add(E::value_at(t, d, vs)))
+    }
+}
+
+/// Cache lines that `n` numbers of type `E` span where a vector reads them: twice as many for a
+/// paired type, whose vector reads pairs.
+#[inline(always)]
+fn read_lines<E: KvElem>(n: usize) -> usize {
+    lines_of::<E>(n) * if E::PAIRED { 2 } else { 1 }
 }
 
 /// Cache lines that `n` numbers of type `E` span.
@@ -67,7 +105,7 @@ unsafe fn prefetch<E>(p: *const E, lines: usize) {
 }
 
 /// Scores of `Q` queries (element `i` of query `j` at `qs[j] + i`) against `P` vectors of
-/// positions of the transposed keys at `pk` (row `i` at `pk + i * ks`), scaled, to `outs[j]`.
+/// positions from `t` of the transposed keys at `pk` (rows `ks` apart), scaled, to `outs[j]`.
 /// Each score is one fused multiply-add chain over the dimensions in order, whatever else shares
 /// the tile. `ahead`: the positions ahead to prefetch, 0 for none.
 #[inline(always)]
@@ -76,6 +114,7 @@ unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
     qs: &[*const f32; 6],
     outs: &[*mut f32; 6],
     pk: *const E,
+    t: usize,
     ks: usize,
     hd: usize,
     scale: W::F,
@@ -83,9 +122,9 @@ unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
 ) {
     let mut acc = [[W::zero_f(); P]; Q];
     for i in 0..hd {
-        let k = pk.add(i * ks);
         if ahead > 0 {
-            prefetch(k.wrapping_add(ahead), lines_of::<E>(P * W::LANES));
+            let k = pk.wrapping_add(E::key_at(i, t + ahead, ks));
+            prefetch(k, read_lines::<E>(P * W::LANES));
         }
         // The query elements broadcast once, then one key vector at a time: Q broadcasts, one
         // key and the accumulators in registers.
@@ -94,7 +133,7 @@ unsafe fn scores_tile<W: Width, E: KvElem, const Q: usize, const P: usize>(
             qi[j] = W::splat(*qs[j].add(i));
         }
         for p in 0..P {
-            let key = lanes::<W, E>(k.add(W::LANES * p));
+            let key = key_lanes::<W, E>(pk, ks, i, t + W::LANES * p);
             for j in 0..Q {
                 acc[j][p] = W::fmadd(qi[j], key, acc[j][p]);
             }
@@ -115,18 +154,19 @@ unsafe fn scores_tiles<W: Width, E: KvElem, const P: usize>(
     qs: &[*const f32; 6],
     outs: &[*mut f32; 6],
     pk: *const E,
+    t: usize,
     ks: usize,
     hd: usize,
     scale: W::F,
     ahead: usize,
 ) {
     match n {
-        1 => scores_tile::<W, E, 1, P>(qs, outs, pk, ks, hd, scale, ahead),
-        2 => scores_tile::<W, E, 2, P>(qs, outs, pk, ks, hd, scale, ahead),
-        3 => scores_tile::<W, E, 3, P>(qs, outs, pk, ks, hd, scale, ahead),
-        4 => scores_tile::<W, E, 4, P>(qs, outs, pk, ks, hd, scale, ahead),
-        5 => scores_tile::<W, E, 5, P>(qs, outs, pk, ks, hd, scale, ahead),
-        _ => scores_tile::<W, E, 6, P>(qs, outs, pk, ks, hd, scale, ahead),
+        1 => scores_tile::<W, E, 1, P>(qs, outs, pk, t, ks, hd, scale, ahead),
+        2 => scores_tile::<W, E, 2, P>(qs, outs, pk, t, ks, hd, scale, ahead),
+        3 => scores_tile::<W, E, 3, P>(qs, outs, pk, t, ks, hd, scale, ahead),
+        4 => scores_tile::<W, E, 4, P>(qs, outs, pk, t, ks, hd, scale, ahead),
+        5 => scores_tile::<W, E, 5, P>(qs, outs, pk, t, ks, hd, scale, ahead),
+        _ => scores_tile::<W, E, 6, P>(qs, outs, pk, t, ks, hd, scale, ahead),
     }
 }
 
@@ -165,14 +205,14 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
         for j0 in (0..qs.len()).step_by(QS) {
             let (n, q6, o6) = group(j0, t);
             let pf = if j0 == 0 { ahead } else { 0 };
-            scores_tiles::<W, E, P>(n, &q6, &o6, pk.add(t), ks, hd, vscale, pf);
+            scores_tiles::<W, E, P>(n, &q6, &o6, pk, t, ks, hd, vscale, pf);
         }
         t += P * W::LANES;
     }
     while t < vector_end {
         for j0 in (0..qs.len()).step_by(QS) {
             let (n, q6, o6) = group(j0, t);
-            scores_tiles::<W, E, 1>(n, &q6, &o6, pk.add(t), ks, hd, vscale, 0);
+            scores_tiles::<W, E, 1>(n, &q6, &o6, pk, t, ks, hd, vscale, 0);
         }
         t += W::LANES;
     }
@@ -180,7 +220,7 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
         for t in vector_end.max(t_a)..t_b {
             let mut acc = 0f32;
             for i in 0..hd {
-                acc = (*pq.add(i)).mul_add((*pk.add(i * ks + t)).to_f32(), acc);
+                acc = (*pq.add(i)).mul_add((*pk.add(E::key_at(i, t, ks))).to_f32(), acc);
             }
             *po.add(t - t_a) = acc * scale;
         }
@@ -188,7 +228,7 @@ unsafe fn scores_span<W: Width, E: KvElem, const QS: usize, const P: usize>(
 }
 
 /// For `Q` queries: `outs[j][i0..i0 + V lanes]`, first scaled by `rescale[j]`, plus the sum over
-/// `k < n` of `ws[j][k]` times the value of position `at(k)` (value `t` at `pv + t * stride`).
+/// `k < n` of `ws[j][k]` times the value of position `at(k)` (`stride` per position).
 /// Each output lane is one multiply-add chain over the positions in order, whatever else shares
 /// the tile. `ahead`: positions ahead to prefetch.
 #[inline(always)]
@@ -212,16 +252,17 @@ unsafe fn values_tile<W: Width, E: KvElem, const Q: usize, const V: usize>(
         }
     }
     for k in 0..n {
-        let v = pv.add(at(k) * stride + i0);
+        let t = at(k);
         if ahead > 0 {
-            prefetch(v.wrapping_add(ahead * stride), lines_of::<E>(V * W::LANES));
+            let v = pv.wrapping_add(E::value_at(t + ahead, i0, stride));
+            prefetch(v, read_lines::<E>(V * W::LANES));
         }
         let mut w = [W::zero_f(); Q];
         for j in 0..Q {
             w[j] = W::splat(*ws[j].add(k));
         }
         for c in 0..V {
-            let x = lanes::<W, E>(v.add(W::LANES * c));
+            let x = value_lanes::<W, E>(pv, stride, t, i0 + W::LANES * c);
             for j in 0..Q {
                 acc[j][c] = W::fmadd(w[j], x, acc[j][c]);
             }

@@ -55,6 +55,9 @@ pub(super) trait Width {
     unsafe fn with_sign(x: Self::I, s: Self::Sign) -> Self::I;
     /// `LANES` f16 values.
     unsafe fn f16s(p: *const u8) -> Self::F;
+    /// The even (`odd` false) or odd bf16 numbers of `LANES` pairs from `p`, as f32 (exactly: a
+    /// bf16 is an f32's high half).
+    unsafe fn bf16_half(p: *const u8, odd: bool) -> Self::F;
     /// `LANES` unsigned or signed bytes as 32-bit integers.
     unsafe fn u8s_i32(p: *const u8) -> Self::I;
     unsafe fn i8s_i32(p: *const u8) -> Self::I;
@@ -183,6 +186,15 @@ impl Width for Zmm {
     #[inline(always)]
     unsafe fn f16s(p: *const u8) -> __m512 {
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn bf16_half(p: *const u8, odd: bool) -> __m512 {
+        let pairs = _mm512_loadu_si512(p as *const _);
+        _mm512_castsi512_ps(if odd {
+            _mm512_and_si512(pairs, _mm512_set1_epi32(-65536))
+        } else {
+            _mm512_slli_epi32::<16>(pairs)
+        })
     }
     #[inline(always)]
     unsafe fn u8s_i32(p: *const u8) -> __m512i {
@@ -347,6 +359,15 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn f16s(p: *const u8) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn bf16_half(p: *const u8, odd: bool) -> __m256 {
+        let pairs = _mm256_loadu_si256(p as *const __m256i);
+        _mm256_castsi256_ps(if odd {
+            _mm256_and_si256(pairs, _mm256_set1_epi32(-65536))
+        } else {
+            _mm256_slli_epi32::<16>(pairs)
+        })
     }
     #[inline(always)]
     unsafe fn u8s_i32(p: *const u8) -> __m256i {

@@ -1,0 +1,498 @@
+//! Attention over a bf16 cache on AMX tiles (Sapphire Rapids and later): the scores and the
+//! weighted values are tile products (`tdpbf16ps`: bf16 pairs, f32 sums), the online softmax
+//! between them runs on 512-bit registers.
+//!
+//! The sweep over the positions is the one of the vector kernels (`x86::attention`): blocks of
+//! `ATTENTION_BLOCK` positions at multiples of it, a running maximum and sum per query, earlier
+//! outputs rescaled when the maximum grows. A bf16 cache holds its numbers in the tiles' pairs
+//! (`KvElem::PAIRED`: pairs of key dimensions along the positions, pairs of positions along the
+//! value dimensions), so the tiles load keys and values straight from it. For each block:
+//! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
+//!   tile products per 32 dimensions, scaled, turned into weights by `BlockWeights` (positions a
+//!   query does not see weigh zero), rounded to bf16; then the 16 x `hd` weighted values of the
+//!   block in tile products over its 64 positions, added to the rescaled outputs.
+//!
+//! A tile's rows are computed independently of one another (each output of a tile product reads
+//! one row of A and one column of B), and a query's positions fall in the same blocks whatever
+//! shares its pass, so a row's result is bit-identical alone or beside others: speculative
+//! output equals plain output. A draft tree's rows see the committed cache and their own
+//! ancestors: from the block holding the tree's first position on, a row's visible positions are
+//! gathered in order (`gather`), as its path alone would hold them, and swept as a block.
+
+// Tiles and buffers are addressed by row and column.
+#![allow(clippy::needless_range_loop)]
+
+use super::elementwise::exp16;
+use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
+use crate::kernels::attention::{normalizer, KvElem, KvOf, TreeMask};
+use half::bf16;
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+/// Query rows per tile.
+const T: usize = 16;
+
+/// Query tiles taken through a block together (`block_tiles`).
+const GROUP: usize = 4;
+
+/// How many positions ahead a block's keys and values are prefetched: two blocks.
+const AHEAD: usize = 2 * BLOCK;
+
+/// Whether attention may run on bf16 tiles: the CPU has AMX-BF16 and AVX512_BF16 and the process
+/// the tile state (`amx::permission`). Asked once.
+pub(crate) fn bf16_tiles() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that `amx::permission` accepts, which
+        // is asked first.
+        super::amx::permission().is_ok() && {
+            #[allow(unused_unsafe)]
+            let leaf7 = unsafe { __cpuid_count(7, 0) };
+            (leaf7.edx >> 22) & 1 == 1 && is_x86_feature_detected!("avx512bf16")
+        }
+    })
+}
+
+/// The tile configuration: every tile sixteen rows of 64 bytes. tmm0-3 hold sums, tmm4-5 A
+/// operands (queries or weights), tmm6-7 B operands (keys or values).
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+static CONFIG: Config = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+        t += 1;
+    }
+    Config(c)
+};
+
+/// `tilezero` of sum tile `n` (0..4).
+#[inline(always)]
+unsafe fn zero(n: usize) {
+    match n {
+        0 => asm!("tilezero tmm0", options(nostack, nomem)),
+        1 => asm!("tilezero tmm1", options(nostack, nomem)),
+        2 => asm!("tilezero tmm2", options(nostack, nomem)),
+        _ => asm!("tilezero tmm3", options(nostack, nomem)),
+    }
+}
+
+/// Loads A tile `a` (0: tmm4, 1: tmm5): sixteen rows of 64 bytes, `stride` bytes apart, from
+/// `p`. Two A tiles in turn, so that a load need not wait for the products reading the other.
+#[inline(always)]
+unsafe fn load_a(a: usize, p: *const u16, stride: usize) {
+    if a == 0 {
+        asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride,
+            options(nostack, readonly));
+    } else {
+        asm!("tileloadd tmm5, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride,
+            options(nostack, readonly));
+    }
+}
+
+/// Sum tile `n` (0..4) += A tile `a` x B, B loaded from `p` (sixteen rows `stride` bytes apart)
+/// into tmm6 or tmm7 in turn, so that a load overlaps the product before it.
+#[inline(always)]
+unsafe fn dot(n: usize, a: usize, p: *const u16, stride: usize) {
+    macro_rules! dot {
+        ($c:literal, $a:literal, $b:literal) => {
+            asm!(
+                concat!("tileloadd ", $b, ", [{p} + {s}*1]"),
+                concat!("tdpbf16ps ", $c, ", ", $a, ", ", $b),
+                p = in(reg) p, s = in(reg) stride, options(nostack, readonly)
+            )
+        };
+    }
+    match (n, a) {
+        (0, 0) => dot!("tmm0", "tmm4", "tmm6"),
+        (1, 0) => dot!("tmm1", "tmm4", "tmm7"),
+        (2, 0) => dot!("tmm2", "tmm4", "tmm6"),
+        (_, 0) => dot!("tmm3", "tmm4", "tmm7"),
+        (0, _) => dot!("tmm0", "tmm5", "tmm6"),
+        (1, _) => dot!("tmm1", "tmm5", "tmm7"),
+        (2, _) => dot!("tmm2", "tmm5", "tmm6"),
+        (_, _) => dot!("tmm3", "tmm5", "tmm7"),
+    }
+}
+
+/// Stores sum tile `n` (0..4) to `p`, rows `stride` bytes apart.
+#[inline(always)]
+unsafe fn store(n: usize, p: *mut f32, stride: usize) {
+    macro_rules! st {
+        ($c:literal) => {
+            asm!(concat!("tilestored [{p} + {s}*1], ", $c), p = in(reg) p, s = in(reg) stride,
+                options(nostack))
+        };
+    }
+    match n {
+        0 => st!("tmm0"),
+        1 => st!("tmm1"),
+        2 => st!("tmm2"),
+        _ => st!("tmm3"),
+    }
+}
+
+/// The 64-byte aligned working space of one call, carved from the caller's scratch vector:
+/// queries in bf16 (`rows` of `hd`), a tree row's gathered keys (`hd / 2` rows of 64 position
+/// pairs) and values (32 rows of `hd` dimension pairs), one tile's scores (16 x 64 f32), weights
+/// (16 x 64 bf16) and weighted values (16 x `hd` f32), and each query's running maximum, sum
+/// and latest rescaling factor.
+struct Scratch {
+    queries: *mut u16,
+    keys: *mut u16,
+    values: *mut u16,
+    scores: *mut f32,
+    weights: *mut u16,
+    result: *mut f32,
+    max: *mut f32,
+    sum: *mut f32,
+    rescale: *mut f32,
+}
+
+impl Scratch {
+    fn new(v: &mut Vec<f32>, queries: usize, hd: usize) -> Scratch {
+        // Sizes in f32s, each a multiple of 16 (64 bytes).
+        let parts = [
+            (queries + T) * hd / 2,
+            hd * BLOCK / 2,
+            hd * BLOCK / 2,
+            GROUP * T * BLOCK,
+            GROUP * T * BLOCK / 2,
+            GROUP * T * hd,
+            queries.next_multiple_of(16),
+            queries.next_multiple_of(16),
+            queries.next_multiple_of(16),
+        ];
+        v.clear();
+        v.resize(parts.iter().sum::<usize>() + 16, 0.0);
+        let skip = v.as_ptr().align_offset(64);
+        let mut at = v[skip..].as_mut_ptr();
+        let mut next = |n: usize| {
+            let p = at;
+            // SAFETY: the parts lie inside `v`, which holds their sum past the alignment.
+            at = unsafe { at.add(n) };
+            p
+        };
+        let queries_p = next(parts[0]) as *mut u16;
+        let keys = next(parts[1]) as *mut u16;
+        let values = next(parts[2]) as *mut u16;
+        let scores = next(parts[3]);
+        let weights = next(parts[4]) as *mut u16;
+        let result = next(parts[5]);
+        let (max, sum, rescale) = (next(parts[6]), next(parts[7]), next(parts[8]));
+        // SAFETY: as above; `max` holds `queries` floats.
+        unsafe { std::slice::from_raw_parts_mut(max, queries).fill(f32::NEG_INFINITY) };
+        Scratch {
+            queries: queries_p,
+            keys,
+            values,
+            scores,
+            weights,
+            result,
+            max,
+            sum,
+            rescale,
+        }
+    }
+}
+
+/// Prefetches the keys of the block `AHEAD` positions after `t0` (if the head has it): each
+/// block reads `hd / 2` rows of key pairs far apart, more streams than the hardware prefetchers
+/// follow (the values of a block are one run, which they follow).
+#[inline(always)]
+unsafe fn prefetch_keys(kv: &KvOf<'_, bf16>, t0: usize) {
+    let t = t0 + AHEAD;
+    if t + BLOCK > kv.len {
+        return;
+    }
+    let keys = kv.keys.as_ptr().add(2 * t) as *const i8;
+    for p in 0..kv.hd / 2 {
+        let row = keys.add(4 * p * kv.key_stride);
+        for l in 0..4 {
+            _mm_prefetch::<_MM_HINT_T1>(row.add(64 * l));
+        }
+    }
+}
+
+/// The keys and values of the positions `at` (at most `BLOCK`, in order; the rest zero) paired
+/// as the cache pairs them, as if they were one block: key pair rows `2 * BLOCK` numbers apart,
+/// value pair rows `2 * hd` apart.
+unsafe fn gather(kv: &KvOf<'_, bf16>, at: &[usize], keys: *mut u16, values: *mut u16) {
+    let hd = kv.hd;
+    let (k_in, v_in) = (
+        kv.keys.as_ptr() as *const u16,
+        kv.values.as_ptr() as *const u16,
+    );
+    for i in 0..hd {
+        for k in 0..BLOCK {
+            let x = at
+                .get(k)
+                .map_or(0, |&t| *k_in.add(bf16::key_at(i, t, kv.key_stride)));
+            *keys.add(bf16::key_at(i, k, BLOCK)) = x;
+        }
+    }
+    for k in 0..BLOCK {
+        for d in 0..hd {
+            let x = at
+                .get(k)
+                .map_or(0, |&t| *v_in.add(bf16::value_at(t, d, kv.value_stride)));
+            *values.add(bf16::value_at(k, d, hd)) = x;
+        }
+    }
+}
+
+/// Where a block's paired keys and values are read from: the first pair row of each, and the
+/// bytes between consecutive pair rows.
+#[derive(Clone, Copy)]
+struct Block {
+    keys: *const u16,
+    key_row: usize,
+    values: *const u16,
+    value_row: usize,
+}
+
+/// One block (`b`) for the queries `j0..j0 + seen.len()` (at most `GROUP` tiles; query `j` in
+/// bf16 at `s.queries + j * hd`, its output at `out + j * hd`), query `j0 + i` seeing the
+/// block's first `seen[i]` positions. In phases over all the tiles, so that the tiles and the
+/// vector registers hand over through memory three times a block, whatever the queries: every
+/// tile's scores, every query's weights, every tile's weighted values, every output rescaled
+/// and added to.
+#[inline(always)]
+unsafe fn block_tiles(
+    s: &Scratch,
+    b: Block,
+    hd: usize,
+    j0: usize,
+    seen: &[usize],
+    scale: f32,
+    out: *mut f32,
+) {
+    let tiles = seen.len().div_ceil(T);
+    // Scores: four tiles of sixteen positions, over the dimensions 32 at a time.
+    for q in 0..tiles {
+        for n in 0..4 {
+            zero(n);
+        }
+        for c in 0..hd / 32 {
+            load_a(c % 2, s.queries.add((j0 + q * T) * hd + 32 * c), 2 * hd);
+            for n in 0..4 {
+                dot(
+                    n,
+                    c % 2,
+                    b.keys.add(16 * c * b.key_row / 2 + 32 * n),
+                    b.key_row,
+                );
+            }
+        }
+        for n in 0..4 {
+            store(n, s.scores.add(q * T * BLOCK + 16 * n), 4 * BLOCK);
+        }
+    }
+    for (i, &n) in seen.iter().enumerate() {
+        let (row, w) = (s.scores.add(i * BLOCK), s.weights.add(i * BLOCK));
+        if n == 0 {
+            std::ptr::write_bytes(w, 0, BLOCK);
+            continue;
+        }
+        let j = j0 + i;
+        let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
+        *s.rescale.add(j) = block_weights(row, n, scale, (max, sum), w);
+    }
+    // Weighted values: up to four tiles of sixteen output dimensions at a time, over the
+    // block's positions 32 at a time.
+    let out_tiles = hd / 16;
+    for q in 0..tiles {
+        let weights = s.weights.add(q * T * BLOCK);
+        for g in (0..out_tiles).step_by(4) {
+            let m = (out_tiles - g).min(4);
+            for n in 0..m {
+                zero(n);
+            }
+            for k in 0..BLOCK / 32 {
+                load_a(k % 2, weights.add(32 * k), 2 * BLOCK);
+                for n in 0..m {
+                    let v = b.values.add(16 * k * b.value_row / 2 + 32 * (g + n));
+                    dot(n, k % 2, v, b.value_row);
+                }
+            }
+            for n in 0..m {
+                store(n, s.result.add(q * T * hd + 16 * (g + n)), 4 * hd);
+            }
+        }
+    }
+    for (i, &n) in seen.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let j = j0 + i;
+        let (o, r) = (out.add(j * hd), s.result.add(i * hd));
+        let rescale = _mm512_set1_ps(*s.rescale.add(j));
+        for d in (0..hd).step_by(16) {
+            let x = _mm512_fmadd_ps(
+                _mm512_loadu_ps(o.add(d)),
+                rescale,
+                _mm512_loadu_ps(r.add(d)),
+            );
+            _mm512_storeu_ps(o.add(d), x);
+        }
+    }
+}
+
+/// One query's online softmax over a block: its `n` (1..=`BLOCK`) visible scores at `s` scaled,
+/// the running maximum `max` raised to theirs, their weights e^(score - max) (the rest zero)
+/// written to `w` in bf16, their sum (in f32, before rounding) added to `sum`; returns the factor
+/// by which earlier blocks' weights and outputs shrink.
+#[inline(always)]
+unsafe fn block_weights(
+    s: *const f32,
+    n: usize,
+    scale: f32,
+    (max, sum): (&mut f32, &mut f32),
+    w: *mut u16,
+) -> f32 {
+    let visible = |k: usize| -> __mmask16 {
+        let left = n.saturating_sub(16 * k);
+        if left >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << left) - 1
+        }
+    };
+    let vscale = _mm512_set1_ps(scale);
+    let mut x = [_mm512_setzero_ps(); BLOCK / 16];
+    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+    for k in 0..BLOCK / 16 {
+        x[k] = _mm512_mul_ps(_mm512_loadu_ps(s.add(16 * k)), vscale);
+        m = _mm512_mask_max_ps(m, visible(k), m, x[k]);
+    }
+    let new_max = (*max).max(_mm512_reduce_max_ps(m));
+    let rescale = _mm512_cvtss_f32(exp16(_mm512_set1_ps(*max - new_max)));
+    let vmax = _mm512_set1_ps(new_max);
+    let mut total = _mm512_setzero_ps();
+    for k in 0..BLOCK / 16 {
+        x[k] = _mm512_maskz_mov_ps(visible(k), exp16(_mm512_sub_ps(x[k], vmax)));
+        total = _mm512_add_ps(total, x[k]);
+    }
+    for k in 0..BLOCK / 32 {
+        let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(x[2 * k + 1], x[2 * k]));
+        _mm512_storeu_si512(w.add(32 * k) as *mut _, pair);
+    }
+    *sum = (*sum).mul_add(rescale, _mm512_reduce_add_ps(total));
+    *max = new_max;
+    rescale
+}
+
+/// The queries of the call in bf16, one row of `hd` each (query `j` is head `j % group` of row
+/// `j / group`), then `T` rows of zeros.
+#[inline(always)]
+unsafe fn round_queries(
+    q: &[f32],
+    q_stride: usize,
+    group: usize,
+    nq: usize,
+    hd: usize,
+    to: *mut u16,
+) {
+    for j in 0..nq {
+        let from = q.as_ptr().add((j / group) * q_stride + (j % group) * hd);
+        for c in (0..hd).step_by(32) {
+            let (a, b) = (
+                _mm512_loadu_ps(from.add(c)),
+                _mm512_loadu_ps(from.add(c + 16)),
+            );
+            let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512(to.add(j * hd + c) as *mut _, pair);
+        }
+    }
+    std::ptr::write_bytes(to.add(nq * hd), 0, T * hd);
+}
+
+/// `kernels::attend_rows` over a bf16 cache on tiles (see the module's notes).
+///
+/// # Safety
+/// `bf16_tiles()` holds; `hd % 32 == 0`; the bounds are those `kernels::attend_rows` checks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn attend_rows_amx(
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvOf<'_, bf16>,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    tree: Option<TreeMask<'_>>,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = kv.hd;
+    let group = out.len() / rows / hd;
+    let nq = rows * group;
+    let s = Scratch::new(scratch, nq, hd);
+    round_queries(q, q_stride, group, nq, hd, s.queries);
+    out.fill(0.0);
+    let po = out.as_mut_ptr();
+    let row_len = |r: usize| kv.len - (rows - 1 - r);
+    let swept = |r: usize| match tree {
+        Some(m) => m.start / BLOCK * BLOCK,
+        None => row_len(r),
+    };
+    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    let mut seen = [0usize; GROUP * T];
+    let (keys, values) = (
+        kv.keys.as_ptr() as *const u16,
+        kv.values.as_ptr() as *const u16,
+    );
+    for t0 in (0..swept(rows - 1)).step_by(BLOCK) {
+        prefetch_keys(&kv, t0);
+        let b = Block {
+            keys: keys.add(2 * t0),
+            key_row: 4 * kv.key_stride,
+            values: values.add(t0 * kv.value_stride),
+            value_row: 4 * kv.value_stride,
+        };
+        let first = (0..nq).find(|&j| swept(j / group) > t0).unwrap_or(nq);
+        for j0 in (first..nq).step_by(GROUP * T) {
+            let n = (nq - j0).min(GROUP * T);
+            for i in 0..n {
+                seen[i] = (swept((j0 + i) / group) - t0).min(BLOCK);
+            }
+            block_tiles(&s, b, hd, j0, &seen[..n], scale, po);
+        }
+    }
+    if let Some(m) = tree {
+        let from = m.start / BLOCK * BLOCK;
+        let mut at = Vec::with_capacity(2 * BLOCK);
+        let gathered = Block {
+            keys: s.keys,
+            key_row: 4 * BLOCK,
+            values: s.values,
+            value_row: 4 * hd,
+        };
+        for r in 0..rows {
+            let sees = m.row(r);
+            at.clear();
+            at.extend((from..row_len(r)).filter(|&t| sees.sees(t)));
+            for b in at.chunks(BLOCK) {
+                gather(&kv, b, s.keys, s.values);
+                for h0 in (0..group).step_by(GROUP * T) {
+                    let n = (group - h0).min(GROUP * T);
+                    seen[..n].fill(b.len());
+                    block_tiles(&s, gathered, hd, r * group + h0, &seen[..n], scale, po);
+                }
+            }
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem));
+    for j in 0..nq {
+        let (max, sum) = (*s.max.add(j), *s.sum.add(j));
+        let inv = normalizer(max, sum, sinks.map(|k| k[j % group]));
+        for o in &mut out[j * hd..(j + 1) * hd] {
+            *o *= inv;
+        }
+    }
+}
