@@ -34,7 +34,7 @@ pub struct KvCacheArgs {
     /// Number type of the cached keys and values: bf16 and f16 take half the memory and half
     /// the bytes attention reads at long context (bf16 keeps f32's range, and on AMX its
     /// attention runs on tiles; f16 is llama.cpp's default cache); f32 keeps every digit the
-    /// pass computed. auto: bf16 (f32 for an odd head size).
+    /// pass computed. auto: bf16 where attention runs on AMX tiles, else f32.
     #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
 }

@@ -28,12 +28,14 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
-    /// The type a model with heads of `hd` caches in unless told otherwise: bf16, which read half
-    /// f32's bytes and measured fastest at 16k tokens of context on every kernel class, and
-    /// agrees with the transformers fixtures as closely as f32 (f16 does not on SmolLM2); f32 for
-    /// an odd head size, which bf16's pairs cannot hold.
+    /// The type a model with heads of `hd` caches in unless told otherwise, on the kernel class in
+    /// use (`kernels::isa`): bf16 where its attention runs on AMX tiles (`kernels::tiles_attend`),
+    /// where it reads half f32's bytes, measured faster than f32 in every pass at 16k tokens of
+    /// context, and agrees with the transformers fixtures as closely as f32 (f16 does not on
+    /// SmolLM2); f32 elsewhere, where the vector kernels widen bf16 at a cost that made passes of
+    /// eight rows slower than f32's at 16k on AVX-512 and AVX2 (one and two rows faster).
     pub fn auto(hd: usize) -> KvDtype {
-        if hd.is_multiple_of(2) {
+        if crate::kernels::tiles_attend(crate::kernels::isa(), hd) {
             KvDtype::Bf16
         } else {
             KvDtype::F32

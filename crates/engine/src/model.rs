@@ -11,6 +11,8 @@
 mod experts;
 mod forward;
 
+pub use forward::attention_time;
+
 pub use crate::config::{Activation, Architecture, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;

@@ -99,9 +99,16 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 }
                 _ => String::new(),
             };
+            let attention = match (p.attention_ms, p.attention_limit_ms) {
+                (Some(ms), Some(limit)) => format!(
+                    "; attention {ms:.1} ms, {:.0}% of the pass, limit {limit:.1} ms",
+                    100.0 * ms / p.ms
+                ),
+                _ => String::new(),
+            };
             println!(
                 "  pass over {:>2} tokens: {:8.2} ms, fastest {:8.2}  ({:.2}x one token; limit {:.2} ms, \
-                 {:.0}% of it{experts})",
+                 {:.0}% of it{experts}{attention})",
                 p.tokens,
                 p.ms,
                 p.fastest_ms,
@@ -163,6 +170,8 @@ struct Timed {
     rows: usize,
     ms: f64,
     fastest_ms: f64,
+    /// Attention's part of the median pass.
+    attention_ms: f64,
     experts: Option<engine::model::ExpertsRead>,
 }
 
@@ -179,9 +188,9 @@ fn time_passes(
     let mut passes = Vec::new();
     for &n in &sizes {
         let input = &tokens[context..context + n];
-        let mut times = Vec::new();
+        let (mut times, mut attention) = (Vec::new(), Vec::new());
         for rep in 0..repeats + 1 {
-            let t = Instant::now();
+            let (t, a) = (Instant::now(), engine::model::attention_time());
             model.forward(&mut [BatchItem {
                 tokens: input,
                 cache: &mut *cache,
@@ -189,9 +198,11 @@ fn time_passes(
                 parents: &[],
             }])?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
+            let attention_ms = (engine::model::attention_time() - a).as_secs_f64() * 1e3;
             cache.truncate(context);
             if rep > 0 {
                 times.push(ms);
+                attention.push(attention_ms);
             }
         }
         let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -199,6 +210,7 @@ fn time_passes(
             rows: n,
             ms: median(times),
             fastest_ms: fastest,
+            attention_ms: median(attention),
             experts: model.experts_read(),
         });
     }
@@ -282,6 +294,23 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         let memory = bytes as f64 / (gb_s * 1e9);
         memory.max(compute_s(a.context, tokens)) * 1e3
     };
+    // Attention's own limit: the cache it reads, or its multiply-adds at the peak of what it runs
+    // on (a bf16 tile product does half an int8 one's multiply-adds in the same time).
+    let tiles = engine::kernels::tiles_attend(engine::kernels::isa(), model.config.head_dim)
+        && model.kv_shape().dtype == engine::kv_cache::KvDtype::Bf16;
+    let attention_peak = if tiles {
+        amx_peak.map(|p| p / 2.0)
+    } else {
+        f32_peak
+    };
+    let attention_limit_ms = |tokens: usize| {
+        let memory = model.cache_bytes_read(a.context + tokens) as f64 / (gb_s * 1e9);
+        let macs: usize = (1..=tokens)
+            .map(|r| model.attention_macs(a.context + r))
+            .sum();
+        let compute = attention_peak.map_or(0.0, |p| macs as f64 / (p * 1e9));
+        memory.max(compute) * 1e3
+    };
     // Prefill goes in chunks, each reading the weights once: its limit is its compute.
     let prefill_limit_tps = peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens));
     let one = passes[0].ms;
@@ -302,6 +331,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
                 share_of_limit: limit_ms(p.rows, p.experts) / p.ms,
                 experts_per_layer: p.experts.map(|x| x.per_layer),
                 expert_bytes: p.experts.map(|x| x.bytes),
+                attention_ms: Some(p.attention_ms),
+                attention_limit_ms: Some(attention_limit_ms(p.rows)),
             })
             .collect(),
         decode_tokens_per_s: decode_tps,

@@ -202,6 +202,13 @@ pub struct PassTiming {
     pub experts_per_layer: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_bytes: Option<usize>,
+    /// Attention's part of the median pass (`engine::model::attention_time`), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_ms: Option<f64>,
+    /// Attention's limit at this context: max(the cache bytes it reads / bandwidth, its
+    /// multiply-adds / the peak of the kind it runs: bf16 tiles on AMX, f32 otherwise), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_limit_ms: Option<f64>,
 }
 
 fn f32_cache() -> String {

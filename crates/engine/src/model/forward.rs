@@ -9,6 +9,7 @@ use crate::kernels;
 use crate::kv_cache::KvCache;
 use crate::weights;
 use drafting::ROOT;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where every row of a pass goes. A chain's row i goes to slot start + i at position start + i;
 /// a tree's node also takes slot start + i but is rotated at start + its depth, and sees only the
@@ -107,6 +108,16 @@ impl Rows {
             first += item.tokens.len();
         }
     }
+}
+
+/// Nanoseconds this process has spent in attention's kernels (`Model::attend`, every layer of
+/// every pass), for `bench forward`'s share of each pass.
+static ATTENTION_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Time this process has spent in attention's kernels so far: the difference over a pass is
+/// attention's part of it.
+pub fn attention_time() -> std::time::Duration {
+    std::time::Duration::from_nanos(ATTENTION_NANOS.load(Ordering::Relaxed))
 }
 
 /// Attention jobs, the same in every layer: one per (sequence, kv head, run of its rows), so that
@@ -270,7 +281,9 @@ impl Model {
                 &b.v[r * kvd..(r + 1) * kvd],
             );
         }
+        let started = std::time::Instant::now();
         self.attend(li, a, batch, plan, &b.q, &mut b.job_out);
+        ATTENTION_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let group = c.n_head / c.n_kv_head;
         for (&(_, kvh, r0, r1), w) in jobs.list.iter().zip(jobs.bounds.windows(2)) {
             let part = &b.job_out[w[0]..w[1]];

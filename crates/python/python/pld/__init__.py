@@ -199,7 +199,7 @@ class LLM:
     them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
     `kv_cache_dtype` is what the KV cache stores keys and values as: "bf16" or "f16" (half the
     memory and the bytes attention reads; on AMX, bf16's attention runs on tiles), "f32", or
-    "auto" (bf16; f32 for an odd head size).
+    "auto" (bf16 where attention runs on AMX tiles, else f32).
     """
 
     def __init__(

@@ -8,9 +8,10 @@
 //! (`KvElem::PAIRED`: pairs of key dimensions along the positions, pairs of positions along the
 //! value dimensions), so the tiles load keys and values straight from it. For each block:
 //! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
-//!   tile products per 32 dimensions, scaled, turned into weights by `BlockWeights` (positions a
-//!   query does not see weigh zero), rounded to bf16; then the 16 x `hd` weighted values of the
-//!   block in tile products over its 64 positions, added to the rescaled outputs.
+//!   tile products per 32 dimensions; then per query the scores scaled and turned into weights
+//!   (`block_weights`: positions a query does not see weigh zero), rounded to bf16; then the
+//!   16 x `hd` weighted values of the block in tile products over its 64 positions, added to the
+//!   rescaled outputs. Up to `GROUP` tiles go through each phase together.
 //!
 //! A tile's rows are computed independently of one another (each output of a tile product reads
 //! one row of A and one column of B), and a query's positions fall in the same blocks whatever
@@ -36,7 +37,7 @@ const T: usize = 16;
 /// Query tiles taken through a block together (`block_tiles`).
 const GROUP: usize = 4;
 
-/// How many positions ahead a block's keys and values are prefetched: two blocks.
+/// How many positions ahead a block's keys are prefetched: two blocks.
 const AHEAD: usize = 2 * BLOCK;
 
 /// Whether attention may run on bf16 tiles: the CPU has AMX-BF16 and AVX512_BF16 and the process
