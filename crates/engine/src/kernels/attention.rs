@@ -483,6 +483,23 @@ pub(crate) fn normalizer(max: f32, sum: f32, sink: Option<f32>) -> f32 {
     }
 }
 
+/// Every query's output (`hd` each in `out`, query `j` head `j % group` of its row) divided as
+/// `normalizer` says by its running maximum and sum: the last step of the kernels' sweeps.
+pub(crate) fn normalize(
+    out: &mut [f32],
+    hd: usize,
+    (max, sum): (&[f32], &[f32]),
+    sinks: Option<&[f32]>,
+) {
+    let group = sinks.map_or(1, |s| s.len());
+    for (j, o) in out.chunks_mut(hd).enumerate() {
+        let inv = normalizer(max[j], sum[j], sinks.map(|k| k[j % group]));
+        for x in o {
+            *x *= inv;
+        }
+    }
+}
+
 /// The plain version of the vector kernels: one query head over the positions `seen`, in order,
 /// by blocks of `ATTENTION_BLOCK` with the online softmax, every float operation the one the
 /// kernels perform, in their order (each score a fused chain over the dimensions, scaled; a

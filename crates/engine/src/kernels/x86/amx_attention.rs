@@ -25,7 +25,7 @@
 
 use super::elementwise::exp16;
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
-use crate::kernels::attention::{normalizer, KvElem, KvOf, TreeMask};
+use crate::kernels::attention::{normalize, KvElem, KvOf, TreeMask};
 use half::bf16;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -489,11 +489,7 @@ pub(crate) unsafe fn attend_rows_amx(
         }
     }
     asm!("tilerelease", options(nostack, nomem));
-    for j in 0..nq {
-        let (max, sum) = (*s.max.add(j), *s.sum.add(j));
-        let inv = normalizer(max, sum, sinks.map(|k| k[j % group]));
-        for o in &mut out[j * hd..(j + 1) * hd] {
-            *o *= inv;
-        }
-    }
+    let max = std::slice::from_raw_parts(s.max, nq);
+    let sum = std::slice::from_raw_parts(s.sum, nq);
+    normalize(out, hd, (max, sum), sinks);
 }

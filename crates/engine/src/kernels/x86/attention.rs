@@ -16,7 +16,7 @@ use super::online_softmax::BlockWeights;
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::attention::{
-    attend_plain, normalizer, ElemKind, KvElem, KvOf, TreeMask, Visible,
+    attend_plain, normalize, ElemKind, KvElem, KvOf, TreeMask, Visible,
 };
 use std::arch::x86_64::*;
 
@@ -447,12 +447,7 @@ unsafe fn attend_rows_wide<
             }
         }
     }
-    for j in 0..nq {
-        let inv = normalizer(s.max[j], s.sum[j], sinks.map(|k| k[j % group]));
-        for o in &mut out[j * hd..(j + 1) * hd] {
-            *o *= inv;
-        }
-    }
+    normalize(out, hd, (s.max, s.sum), sinks);
 }
 
 /// What every block of the sweep needs: where query `j` and its output are, the group size and
