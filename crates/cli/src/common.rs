@@ -23,7 +23,7 @@ pub fn load_model(spec: &str, kv: &KvCacheArgs) -> anyhow::Result<engine::Loaded
     let path = models::resolve_model(spec)?;
     let mut lm = engine::LoadedModel::load(&path)?;
     if let Some(dtype) = kv.kv_cache_dtype.dtype() {
-        lm.model.set_kv_dtype(dtype);
+        lm.model.set_kv_dtype(dtype)?;
     }
     Ok(lm)
 }

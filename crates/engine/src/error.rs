@@ -29,6 +29,11 @@ pub enum EngineError {
         prompt_tokens: usize,
         context_len: usize,
     },
+    #[error("a {dtype} KV cache cannot hold this model's heads of {head_dim} dimensions (it pairs them); use f16 or f32")]
+    KvDtypeUnfit {
+        dtype: &'static str,
+        head_dim: usize,
+    },
     #[error("context is full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
     #[error("tokenizer: {0}")]

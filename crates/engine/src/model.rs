@@ -318,9 +318,17 @@ impl Model {
     }
 
     /// What the caches `new_cache` makes from now on store keys and values as (`KvDtype::auto`
-    /// by default).
-    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+    /// by default). bf16 pairs a head's dimensions: refused for an odd head size.
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) -> Result<()> {
+        let head_dim = self.config.head_dim;
+        if dtype == KvDtype::Bf16 && head_dim % 2 == 1 {
+            return Err(EngineError::KvDtypeUnfit {
+                dtype: dtype.name(),
+                head_dim,
+            });
+        }
         self.kv_dtype = dtype;
+        Ok(())
     }
 
     /// A KV cache for one sequence of up to `capacity` positions (clamped to the model's context).

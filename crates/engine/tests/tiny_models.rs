@@ -246,7 +246,7 @@ fn the_cache_number_type_is_bf16_unless_told() {
         assert_eq!(lm.model.kv_shape().dtype, want, "{}", r.name);
         assert_eq!(lm.model.new_cache(8).shape().dtype, want, "{}", r.name);
         for dtype in [KvDtype::F16, KvDtype::F32] {
-            lm.model.set_kv_dtype(dtype);
+            lm.model.set_kv_dtype(dtype).unwrap();
             assert_eq!(lm.model.new_cache(8).shape().dtype, dtype);
         }
     }
@@ -328,7 +328,7 @@ fn tiny_speculative_greedy_equals_plain() {
             if dtype == KvDtype::Bf16 && lm.model.config.head_dim % 2 == 1 {
                 continue;
             }
-            lm.model.set_kv_dtype(dtype);
+            lm.model.set_kv_dtype(dtype).unwrap();
             for case in &r.cases {
                 let plain = greedy(&lm, &case.ids, 64, 0);
                 for k in [2, 8] {

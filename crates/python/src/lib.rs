@@ -102,7 +102,7 @@ impl Engine {
             }
             let mut lm = LoadedModel::load(&path).map_err(py_err)?;
             if let Some(dtype) = kv_dtype {
-                lm.model.set_kv_dtype(dtype);
+                lm.model.set_kv_dtype(dtype).map_err(py_err)?;
             }
             Ok(lm)
         })?;

@@ -187,30 +187,11 @@ impl<'a> KvHead<'a> {
     /// slices and offsets the rest by one.
     pub fn skip(self, n: usize) -> KvHead<'a> {
         assert!(n < self.len && self.offset == 0, "skipping every position");
-        let vs = n * self.value_stride;
+        let (ks, vs) = (self.key_stride, self.value_stride);
         let (elems, dropped) = match self.elems {
-            KvElems::F32 { keys, values } => (
-                KvElems::F32 {
-                    keys: &keys[n..],
-                    values: &values[vs..],
-                },
-                n,
-            ),
-            KvElems::F16 { keys, values } => (
-                KvElems::F16 {
-                    keys: &keys[n..],
-                    values: &values[vs..],
-                },
-                n,
-            ),
-            KvElems::Bf16 { keys, values } => {
-                let even = n / 2 * 2;
-                let elems = KvElems::Bf16 {
-                    keys: &keys[2 * even..],
-                    values: &values[even * self.value_stride..],
-                };
-                (elems, even)
-            }
+            KvElems::F32 { keys, values } => skip_of(keys, values, n, (ks, vs)),
+            KvElems::F16 { keys, values } => skip_of(keys, values, n, (ks, vs)),
+            KvElems::Bf16 { keys, values } => skip_of(keys, values, n, (ks, vs)),
         };
         KvHead {
             elems,
@@ -232,6 +213,21 @@ impl<'a> KvHead<'a> {
             offset: self.offset,
         }
     }
+}
+
+/// `KvHead::skip` over keys and values of one type: the slices without their first positions,
+/// `n` of them (a paired type's values only split between pairs: `n` rounded down to even), and
+/// how many were dropped.
+fn skip_of<'a, E: KvElem>(
+    keys: &'a [E],
+    values: &'a [E],
+    n: usize,
+    (key_stride, value_stride): (usize, usize),
+) -> (KvElems<'a>, usize) {
+    let dropped = if E::PAIRED { n / 2 * 2 } else { n };
+    let keys = &keys[E::key_at(0, dropped, key_stride)..];
+    let values = &values[E::value_at(dropped, 0, value_stride)..];
+    (E::elems(keys, values), dropped)
 }
 
 /// `$body` with `$kv` bound to the `KvOf` of the `KvHead` `$head`, whichever type its keys and
@@ -261,8 +257,12 @@ impl<E: KvElem> KvOf<'_, E> {
     fn check(&self) {
         let (hd, len) = (self.hd, self.len + self.offset);
         assert!(
-            hd > 0 && len > 0 && len <= self.key_stride && (hd % 2 == 0 || !E::PAIRED),
+            hd > 0 && len > 0 && len <= self.key_stride,
             "key rows too short"
+        );
+        assert!(
+            hd % 2 == 0 || !E::PAIRED,
+            "a paired head of {hd} dimensions"
         );
         let (ks, vs) = (self.key_stride, self.value_stride);
         assert!(
@@ -384,9 +384,10 @@ pub fn attend_rows(
         "one sink per query head"
     );
     #[cfg(target_arch = "x86_64")]
-    let tiles = tiles_attend(isa, hd) && kv.offset == 0;
     #[cfg(target_arch = "x86_64")]
-    if let (KvElems::Bf16 { keys, values }, true) = (kv.elems, tiles) {
+    if let (KvElems::Bf16 { keys, values }, true) =
+        (kv.elems, tiles_attend(isa, hd) && kv.offset == 0)
+    {
         let kv = kv.of(keys, values);
         kv.check();
         kv.check_whole_blocks();

@@ -78,7 +78,9 @@ pub fn model_f32(alias: &str) -> Arc<LoadedModel> {
 pub fn model_caching(alias: &str, dtype: engine::kv_cache::KvDtype) -> LoadedModel {
     let path = models::resolve_model(alias).expect("model available");
     let mut lm = LoadedModel::load(&path).expect("model loads");
-    lm.model.set_kv_dtype(dtype);
+    lm.model
+        .set_kv_dtype(dtype)
+        .expect("the model takes the cache type");
     lm
 }
 

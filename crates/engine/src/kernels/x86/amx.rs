@@ -96,19 +96,22 @@ fn request_tile_data() -> Result<(), &'static str> {
 /// A tile configuration (`ldtilecfg`'s 64 bytes, palette 1): tmm0 and tmm3 hold activation tiles
 /// (16 rows of `k` bytes), tmm1, tmm4, tmm6 and tmm7 weight tiles (`k / 4` rows of 64 bytes),
 /// tmm2 and tmm5 16 x 16 sums. With `k` = 64 every tile is 16 rows of 64 bytes, as the K-quants'
-/// products (`kquant_unit`) take them.
+/// products (`kquant_unit`) and attention's (`amx_attention`) take them.
 #[repr(C, align(64))]
-struct Config([u8; 64]);
+pub(super) struct Config([u8; 64]);
 
 impl Config {
-    fn new(k: usize) -> Config {
+    pub(super) const fn new(k: usize) -> Config {
         let mut c = [0u8; 64];
         c[0] = 1;
         let shapes = [(16, k), (k / 4, 64), (16, 64)];
-        for t in 0..8 {
+        let mut t = 0;
+        while t < 8 {
             let (rows, bytes) = shapes[if t < 6 { t % 3 } else { 1 }];
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(bytes as u16).to_le_bytes());
+            let le = (bytes as u16).to_le_bytes();
+            (c[16 + 2 * t], c[17 + 2 * t]) = (le[0], le[1]);
             c[48 + t] = rows as u8;
+            t += 1;
         }
         Config(c)
     }
@@ -119,13 +122,13 @@ impl Config {
 /// # Safety
 /// The process has tile permission (`permission`) and the CPU AMX.
 #[inline(always)]
-unsafe fn load_config(cfg: &Config) {
+pub(super) unsafe fn load_config(cfg: &Config) {
     asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
 }
 
 /// Releases this thread's tiles (back to the init state, so a context switch saves none).
 #[inline(always)]
-unsafe fn release() {
+pub(super) unsafe fn release() {
     asm!("tilerelease", options(nostack, nomem));
 }
 

@@ -23,6 +23,7 @@
 // Tiles and buffers are addressed by row and column.
 #![allow(clippy::needless_range_loop)]
 
+use super::amx::{load_config, release, Config};
 use super::elementwise::exp16;
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::attention::{normalize, KvElem, KvOf, TreeMask};
@@ -55,22 +56,9 @@ pub(crate) fn bf16_tiles() -> bool {
     })
 }
 
-/// The tile configuration: every tile sixteen rows of 64 bytes. tmm0-3 hold sums, tmm4-5 A
-/// operands (queries or weights), tmm6-7 B operands (keys or values).
-#[repr(C, align(64))]
-struct Config([u8; 64]);
-
-static CONFIG: Config = {
-    let mut c = [0u8; 64];
-    c[0] = 1;
-    let mut t = 0;
-    while t < 8 {
-        c[16 + 2 * t] = 64;
-        c[48 + t] = 16;
-        t += 1;
-    }
-    Config(c)
-};
+/// The tiles: every one sixteen rows of 64 bytes. tmm0-3 hold sums, tmm4-5 A operands (queries
+/// or weights), tmm6-7 B operands (keys or values).
+static TILES: Config = Config::new(64);
 
 /// `tilezero` of sum tile `n` (0..4).
 #[inline(always)]
@@ -140,9 +128,9 @@ unsafe fn store(n: usize, p: *mut f32, stride: usize) {
 
 /// The 64-byte aligned working space of one call, carved from the caller's scratch vector:
 /// queries in bf16 (`rows` of `hd`), a tree row's gathered keys (`hd / 2` rows of 64 position
-/// pairs) and values (32 rows of `hd` dimension pairs), one tile's scores (16 x 64 f32), weights
-/// (16 x 64 bf16) and weighted values (16 x `hd` f32), and each query's running maximum, sum
-/// and latest rescaling factor.
+/// pairs) and values (32 rows of `hd` dimension pairs), `GROUP` tiles' scores (16 x 64 f32 each),
+/// weights (16 x 64 bf16) and weighted values (16 x `hd` f32), and each query's running maximum
+/// and sum.
 struct Scratch {
     queries: *mut u16,
     keys: *mut u16,
@@ -152,7 +140,6 @@ struct Scratch {
     result: *mut f32,
     max: *mut f32,
     sum: *mut f32,
-    rescale: *mut f32,
 }
 
 impl Scratch {
@@ -165,7 +152,6 @@ impl Scratch {
             GROUP * T * BLOCK,
             GROUP * T * BLOCK / 2,
             GROUP * T * hd,
-            queries.next_multiple_of(16),
             queries.next_multiple_of(16),
             queries.next_multiple_of(16),
         ];
@@ -185,7 +171,7 @@ impl Scratch {
         let scores = next(parts[3]);
         let weights = next(parts[4]) as *mut u16;
         let result = next(parts[5]);
-        let (max, sum, rescale) = (next(parts[6]), next(parts[7]), next(parts[8]));
+        let (max, sum) = (next(parts[6]), next(parts[7]));
         // SAFETY: as above; `max` holds `queries` floats.
         unsafe { std::slice::from_raw_parts_mut(max, queries).fill(f32::NEG_INFINITY) };
         Scratch {
@@ -197,7 +183,6 @@ impl Scratch {
             result,
             max,
             sum,
-            rescale,
         }
     }
 }
@@ -274,6 +259,8 @@ unsafe fn block_tiles(
     out: *mut f32,
 ) {
     let tiles = seen.len().div_ceil(T);
+    // Each query's factor for what earlier blocks left in its output.
+    let mut rescale = [0f32; GROUP * T];
     // Scores: four tiles of sixteen positions, over the dimensions 32 at a time.
     for q in 0..tiles {
         for n in 0..4 {
@@ -302,7 +289,7 @@ unsafe fn block_tiles(
         }
         let j = j0 + i;
         let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
-        *s.rescale.add(j) = block_weights(row, n, scale, (max, sum), w);
+        rescale[i] = block_weights(row, n, scale, (max, sum), w);
     }
     // Weighted values: up to four tiles of sixteen output dimensions at a time, over the
     // block's positions 32 at a time.
@@ -332,13 +319,9 @@ unsafe fn block_tiles(
         }
         let j = j0 + i;
         let (o, r) = (out.add(j * hd), s.result.add(i * hd));
-        let rescale = _mm512_set1_ps(*s.rescale.add(j));
+        let factor = _mm512_set1_ps(rescale[i]);
         for d in (0..hd).step_by(16) {
-            let x = _mm512_fmadd_ps(
-                _mm512_loadu_ps(o.add(d)),
-                rescale,
-                _mm512_loadu_ps(r.add(d)),
-            );
+            let x = _mm512_fmadd_ps(_mm512_loadu_ps(o.add(d)), factor, _mm512_loadu_ps(r.add(d)));
             _mm512_storeu_ps(o.add(d), x);
         }
     }
@@ -380,12 +363,18 @@ unsafe fn block_weights(
         total = _mm512_add_ps(total, x[k]);
     }
     for k in 0..BLOCK / 32 {
-        let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(x[2 * k + 1], x[2 * k]));
-        _mm512_storeu_si512(w.add(32 * k) as *mut _, pair);
+        store_bf16(x[2 * k], x[2 * k + 1], w.add(32 * k));
     }
     *sum = (*sum).mul_add(rescale, _mm512_reduce_add_ps(total));
     *max = new_max;
     rescale
+}
+
+/// The 32 numbers of `a` then `b` rounded to bf16 (to the nearest), to `to`.
+#[inline(always)]
+unsafe fn store_bf16(a: __m512, b: __m512, to: *mut u16) {
+    let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+    _mm512_storeu_si512(to as *mut _, pair);
 }
 
 /// The queries of the call in bf16, one row of `hd` each (query `j` is head `j % group` of row
@@ -406,8 +395,7 @@ unsafe fn round_queries(
                 _mm512_loadu_ps(from.add(c)),
                 _mm512_loadu_ps(from.add(c + 16)),
             );
-            let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
-            _mm512_storeu_si512(to.add(j * hd + c) as *mut _, pair);
+            store_bf16(a, b, to.add(j * hd + c));
         }
     }
     std::ptr::write_bytes(to.add(nq * hd), 0, T * hd);
@@ -442,7 +430,7 @@ pub(crate) unsafe fn attend_rows_amx(
         Some(m) => m.start / BLOCK * BLOCK,
         None => row_len(r),
     };
-    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    load_config(&TILES);
     let mut seen = [0usize; GROUP * T];
     let (keys, values) = (
         kv.keys.as_ptr() as *const u16,
@@ -488,7 +476,7 @@ pub(crate) unsafe fn attend_rows_amx(
             }
         }
     }
-    asm!("tilerelease", options(nostack, nomem));
+    release();
     let max = std::slice::from_raw_parts(s.max, nq);
     let sum = std::slice::from_raw_parts(s.sum, nq);
     normalize(out, hd, (max, sum), sinks);
