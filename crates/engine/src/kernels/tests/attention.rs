@@ -439,9 +439,10 @@ fn the_weights_exponential_is_accurate() {
 
 /// The arithmetic of attention on bf16 tiles, plainly: the query rounded to bf16, each score a
 /// sum of exact bf16 products in f32 scaled, the online softmax of `attend_plain` over blocks,
-/// each block's weights rounded to bf16 and its weighted values summed in f32, added to the
-/// rescaled output. The tiles add their products in an order of their own, so the kernel agrees
+/// each block's weights rounded to bf16, the output rescaled and its weighted values added to it
+/// in f32. The tiles add their products in an order of their own, so the kernel agrees
 /// with this to rounding, not bit for bit.
+#[cfg(target_arch = "x86_64")]
 fn tiles_plain(
     qh: &[f32],
     (keys, values): (&[bf16], &[bf16]),
@@ -473,10 +474,10 @@ fn tiles_plain(
         sum = sum.mul_add(rescale, w.iter().sum::<f32>());
         max = block_max;
         for (i, o) in out.iter_mut().enumerate() {
-            let r = block.iter().zip(&w).fold(0f32, |a, (&t, &x)| {
+            let rescaled = if rescale == 1.0 { *o } else { *o * rescale };
+            *o = block.iter().zip(&w).fold(rescaled, |a, (&t, &x)| {
                 a + bf16::from_f32(x).to_f32() * values[bf16::value_at(t, i, value_stride)].to_f32()
             });
-            *o = o.mul_add(rescale, r);
         }
     }
     out.iter().map(|o| o / sum).collect()
@@ -487,6 +488,7 @@ fn tiles_plain(
 /// bf16's rounding of the queries and weights; several rows, each a different length, one block
 /// and several, head sizes of 64, 128 and 256.
 #[test]
+#[cfg(target_arch = "x86_64")]
 fn bf16_tiles_match_their_plain_arithmetic() {
     if !tiles_attend(Isa::Amx, 64) {
         eprintln!("skipped: no AMX-BF16 here");

@@ -109,6 +109,23 @@ unsafe fn dot(n: usize, a: usize, p: *const u16, stride: usize) {
     }
 }
 
+/// Loads sum tile `n` (0..4) from `p`, rows `stride` bytes apart.
+#[inline(always)]
+unsafe fn load_sums(n: usize, p: *const f32, stride: usize) {
+    macro_rules! ld {
+        ($c:literal) => {
+            asm!(concat!("tileloadd ", $c, ", [{p} + {s}*1]"), p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly))
+        };
+    }
+    match n {
+        0 => ld!("tmm0"),
+        1 => ld!("tmm1"),
+        2 => ld!("tmm2"),
+        _ => ld!("tmm3"),
+    }
+}
+
 /// Stores sum tile `n` (0..4) to `p`, rows `stride` bytes apart.
 #[inline(always)]
 unsafe fn store(n: usize, p: *mut f32, stride: usize) {
@@ -128,9 +145,9 @@ unsafe fn store(n: usize, p: *mut f32, stride: usize) {
 
 /// The 64-byte aligned working space of one call, carved from the caller's scratch vector:
 /// queries in bf16 (`rows` of `hd`), a tree row's gathered keys (`hd / 2` rows of 64 position
-/// pairs) and values (32 rows of `hd` dimension pairs), `GROUP` tiles' scores (16 x 64 f32 each),
-/// weights (16 x 64 bf16) and weighted values (16 x `hd` f32), and each query's running maximum
-/// and sum.
+/// pairs) and values (32 rows of `hd` dimension pairs), `GROUP` tiles' scores (16 x 64 f32 each)
+/// and weights (16 x 64 bf16), the outputs of a tile of fewer than sixteen queries (16 x `hd`
+/// f32), and each query's running maximum and sum.
 struct Scratch {
     queries: *mut u16,
     keys: *mut u16,
@@ -151,7 +168,7 @@ impl Scratch {
             hd * BLOCK / 2,
             GROUP * T * BLOCK,
             GROUP * T * BLOCK / 2,
-            GROUP * T * hd,
+            T * hd,
             queries.next_multiple_of(16),
             queries.next_multiple_of(16),
         ];
@@ -291,15 +308,35 @@ unsafe fn block_tiles(
         let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
         rescale[i] = block_weights(row, n, scale, (max, sum), w);
     }
+    // Earlier blocks' outputs rescaled where a query's maximum grew (by 0 at its first block,
+    // where they are zero).
+    for (i, &n) in seen.iter().enumerate() {
+        if n > 0 && rescale[i] != 1.0 {
+            let (o, factor) = (out.add((j0 + i) * hd), _mm512_set1_ps(rescale[i]));
+            for d in (0..hd).step_by(16) {
+                _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), factor));
+            }
+        }
+    }
     // Weighted values: up to four tiles of sixteen output dimensions at a time, over the
-    // block's positions 32 at a time.
+    // block's positions 32 at a time, added by the tiles to the outputs they load. A tile of
+    // fewer than sixteen queries goes through `s.result`, its outputs copied in and back (the
+    // tile rows past the last query are not outputs), the same arithmetic.
     let out_tiles = hd / 16;
     for q in 0..tiles {
         let weights = s.weights.add(q * T * BLOCK);
+        let rows = seen.len().min((q + 1) * T) - q * T;
+        let first = out.add((j0 + q * T) * hd);
+        let sums = if rows == T {
+            first
+        } else {
+            std::ptr::copy_nonoverlapping(first, s.result, rows * hd);
+            s.result
+        };
         for g in (0..out_tiles).step_by(4) {
             let m = (out_tiles - g).min(4);
             for n in 0..m {
-                zero(n);
+                load_sums(n, sums.add(16 * (g + n)), 4 * hd);
             }
             for k in 0..BLOCK / 32 {
                 load_a(k % 2, weights.add(32 * k), 2 * BLOCK);
@@ -309,20 +346,11 @@ unsafe fn block_tiles(
                 }
             }
             for n in 0..m {
-                store(n, s.result.add(q * T * hd + 16 * (g + n)), 4 * hd);
+                store(n, sums.add(16 * (g + n)), 4 * hd);
             }
         }
-    }
-    for (i, &n) in seen.iter().enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let j = j0 + i;
-        let (o, r) = (out.add(j * hd), s.result.add(i * hd));
-        let factor = _mm512_set1_ps(rescale[i]);
-        for d in (0..hd).step_by(16) {
-            let x = _mm512_fmadd_ps(_mm512_loadu_ps(o.add(d)), factor, _mm512_loadu_ps(r.add(d)));
-            _mm512_storeu_ps(o.add(d), x);
+        if rows < T {
+            std::ptr::copy_nonoverlapping(s.result, first, rows * hd);
         }
     }
 }
