@@ -109,6 +109,25 @@ unsafe fn dot(n: usize, a: usize, p: *const u16, stride: usize) {
     }
 }
 
+/// Four tile products over two A and two B tiles: tmm0 += a0 x b0, tmm1 += a0 x b1,
+/// tmm2 += a1 x b0, tmm3 += a1 x b1 (A rows `sa` bytes apart, B rows `sb`).
+#[inline(always)]
+unsafe fn quad(a: (*const u16, *const u16), sa: usize, b: (*const u16, *const u16), sb: usize) {
+    asm!(
+        "tileloadd tmm4, [{a0} + {sa}*1]",
+        "tileloadd tmm6, [{b0} + {sb}*1]",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tileloadd tmm5, [{a1} + {sa}*1]",
+        "tdpbf16ps tmm2, tmm5, tmm6",
+        "tileloadd tmm7, [{b1} + {sb}*1]",
+        "tdpbf16ps tmm1, tmm4, tmm7",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        a0 = in(reg) a.0, a1 = in(reg) a.1, b0 = in(reg) b.0, b1 = in(reg) b.1,
+        sa = in(reg) sa, sb = in(reg) sb,
+        options(nostack, readonly)
+    );
+}
+
 /// Loads sum tile `n` (0..4) from `p`, rows `stride` bytes apart.
 #[inline(always)]
 unsafe fn load_sums(n: usize, p: *const f32, stride: usize) {
@@ -285,13 +304,34 @@ unsafe fn block_tiles(
     let tiles = seen.len().div_ceil(T);
     // Each query's factor for what earlier blocks left in its output.
     let mut rescale = [0f32; GROUP * T];
-    // Scores: four tiles of sixteen positions, over the dimensions 32 at a time.
-    for q in 0..tiles {
+    // Scores: four tiles of sixteen positions, over the dimensions 32 at a time; two tiles of
+    // queries at a time where there are two, so that each tile of keys serves both.
+    let mut q = 0;
+    while q < tiles {
+        let queries = s.queries.add((j0 + q * T) * hd);
+        let scores = s.scores.add(q * T * BLOCK);
+        if q + 1 < tiles {
+            for n0 in [0, 2] {
+                for n in 0..4 {
+                    zero(n);
+                }
+                for c in 0..hd / 32 {
+                    let k = b.keys.add(16 * c * b.key_row / 2 + 32 * n0);
+                    let a = queries.add(32 * c);
+                    quad((a, a.add(T * hd)), 2 * hd, (k, k.add(32)), b.key_row);
+                }
+                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                    store(n, scores.add(u * T * BLOCK + 16 * (n0 + h)), 4 * BLOCK);
+                }
+            }
+            q += 2;
+            continue;
+        }
         for n in 0..4 {
             zero(n);
         }
         for c in 0..hd / 32 {
-            load_a(c % 2, s.queries.add((j0 + q * T) * hd + 32 * c), 2 * hd);
+            load_a(c % 2, queries.add(32 * c), 2 * hd);
             for n in 0..4 {
                 dot(
                     n,
@@ -302,8 +342,9 @@ unsafe fn block_tiles(
             }
         }
         for n in 0..4 {
-            store(n, s.scores.add(q * T * BLOCK + 16 * n), 4 * BLOCK);
+            store(n, scores.add(16 * n), 4 * BLOCK);
         }
+        q += 1;
     }
     for (i, &n) in seen.iter().enumerate() {
         let (row, w) = (s.scores.add(i * BLOCK), s.weights.add(i * BLOCK));
@@ -330,35 +371,65 @@ unsafe fn block_tiles(
     // fewer than sixteen queries goes through `s.result`, its outputs copied in and back (the
     // tile rows past the last query are not outputs), the same arithmetic.
     let out_tiles = hd / 16;
-    for q in 0..tiles {
-        let weights = s.weights.add(q * T * BLOCK);
-        let rows = seen.len().min((q + 1) * T) - q * T;
+    let mut q = 0;
+    while q < tiles {
+        // Two tiles of queries at a time where there are two: each tile of values loaded then
+        // serves both.
+        let pair = q + 1 < tiles;
+        let n_q = if pair { 2 } else { 1 };
+        let rows = seen.len().min((q + n_q) * T) - q * T;
         let first = out.add((j0 + q * T) * hd);
-        let sums = if rows == T {
-            first
+        // The outputs of the last tile pass through scratch when it has fewer than 16 queries.
+        let last = rows - (n_q - 1) * T;
+        let last_first = first.add((n_q - 1) * T * hd);
+        let last_sums = if last == T {
+            last_first
         } else {
-            std::ptr::copy_nonoverlapping(first, s.result, rows * hd);
+            std::ptr::copy_nonoverlapping(last_first, s.result, last * hd);
             s.result
         };
-        for g in (0..out_tiles).step_by(4) {
-            let m = (out_tiles - g).min(4);
-            for n in 0..m {
-                load_sums(n, sums.add(16 * (g + n)), 4 * hd);
-            }
-            for k in 0..BLOCK / 32 {
-                load_a(k % 2, weights.add(32 * k), 2 * BLOCK);
-                for n in 0..m {
-                    let v = b.values.add(16 * k * b.value_row / 2 + 32 * (g + n));
-                    dot(n, k % 2, v, b.value_row);
+        let weights = s.weights.add(q * T * BLOCK);
+        if pair {
+            for g in (0..out_tiles).step_by(2) {
+                let c = [first, last_sums];
+                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                    load_sums(n, c[u].add(16 * (g + h)), 4 * hd);
+                }
+                for k in 0..BLOCK / 32 {
+                    let v = b.values.add(16 * k * b.value_row / 2 + 32 * g);
+                    quad(
+                        (weights.add(32 * k), weights.add(T * BLOCK + 32 * k)),
+                        2 * BLOCK,
+                        (v, v.add(32)),
+                        b.value_row,
+                    );
+                }
+                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                    store(n, c[u].add(16 * (g + h)), 4 * hd);
                 }
             }
-            for n in 0..m {
-                store(n, sums.add(16 * (g + n)), 4 * hd);
+        } else {
+            for g in (0..out_tiles).step_by(4) {
+                let m = (out_tiles - g).min(4);
+                for n in 0..m {
+                    load_sums(n, last_sums.add(16 * (g + n)), 4 * hd);
+                }
+                for k in 0..BLOCK / 32 {
+                    load_a(k % 2, weights.add(32 * k), 2 * BLOCK);
+                    for n in 0..m {
+                        let v = b.values.add(16 * k * b.value_row / 2 + 32 * (g + n));
+                        dot(n, k % 2, v, b.value_row);
+                    }
+                }
+                for n in 0..m {
+                    store(n, last_sums.add(16 * (g + n)), 4 * hd);
+                }
             }
         }
-        if rows < T {
-            std::ptr::copy_nonoverlapping(s.result, first, rows * hd);
+        if last < T {
+            std::ptr::copy_nonoverlapping(s.result, last_first, last * hd);
         }
+        q += n_q;
     }
 }
 
