@@ -10,8 +10,10 @@
 //! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
 //!   tile products per 32 dimensions; then per query the scores scaled and turned into weights
 //!   (`block_weights`: positions a query does not see weigh zero), rounded to bf16; then the
-//!   16 x `hd` weighted values of the block in tile products over its 64 positions, added to the
-//!   rescaled outputs. Up to `GROUP` tiles go through each phase together.
+//!   16 x `hd` weighted values of the block in tile products over its 64 positions, added by the
+//!   tiles to the outputs they load (rescaled first where a query's maximum grew). Up to `GROUP`
+//!   tiles go through each phase together, two at a time where there are two, so that each tile
+//!   of keys or values loaded serves both.
 //!
 //! A tile's rows are computed independently of one another (each output of a tile product reads
 //! one row of A and one column of B), and a query's positions fall in the same blocks whatever
@@ -304,6 +306,34 @@ unsafe fn block_tiles(
     let tiles = seen.len().div_ceil(T);
     // Each query's factor for what earlier blocks left in its output.
     let mut rescale = [0f32; GROUP * T];
+    scores(s, b, hd, j0, tiles);
+    for (i, &n) in seen.iter().enumerate() {
+        let (row, w) = (s.scores.add(i * BLOCK), s.weights.add(i * BLOCK));
+        if n == 0 {
+            std::ptr::write_bytes(w, 0, BLOCK);
+            continue;
+        }
+        let j = j0 + i;
+        let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
+        rescale[i] = block_weights(row, n, scale, (max, sum), w);
+    }
+    // Earlier blocks' outputs rescaled where a query's maximum grew (by 0 at its first block,
+    // where they are zero).
+    for (i, &n) in seen.iter().enumerate() {
+        if n > 0 && rescale[i] != 1.0 {
+            let (o, factor) = (out.add((j0 + i) * hd), _mm512_set1_ps(rescale[i]));
+            for d in (0..hd).step_by(16) {
+                _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), factor));
+            }
+        }
+    }
+    weighted_values(s, b, hd, j0, seen.len(), out);
+}
+
+/// The block's scores of the query tiles `0..tiles` from `j0` into `s.scores` (16 x 64 per
+/// tile).
+#[inline(always)]
+unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize) {
     // Scores: four tiles of sixteen positions, over the dimensions 32 at a time; two tiles of
     // queries at a time where there are two, so that each tile of keys serves both.
     let mut q = 0;
@@ -346,38 +376,32 @@ unsafe fn block_tiles(
         }
         q += 1;
     }
-    for (i, &n) in seen.iter().enumerate() {
-        let (row, w) = (s.scores.add(i * BLOCK), s.weights.add(i * BLOCK));
-        if n == 0 {
-            std::ptr::write_bytes(w, 0, BLOCK);
-            continue;
-        }
-        let j = j0 + i;
-        let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
-        rescale[i] = block_weights(row, n, scale, (max, sum), w);
-    }
-    // Earlier blocks' outputs rescaled where a query's maximum grew (by 0 at its first block,
-    // where they are zero).
-    for (i, &n) in seen.iter().enumerate() {
-        if n > 0 && rescale[i] != 1.0 {
-            let (o, factor) = (out.add((j0 + i) * hd), _mm512_set1_ps(rescale[i]));
-            for d in (0..hd).step_by(16) {
-                _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), factor));
-            }
-        }
-    }
+}
+
+/// The block's weighted values (weights in `s.weights`) of the queries `j0..j0 + queries`, added
+/// to their outputs at `out`.
+#[inline(always)]
+unsafe fn weighted_values(
+    s: &Scratch,
+    b: Block,
+    hd: usize,
+    j0: usize,
+    queries: usize,
+    out: *mut f32,
+) {
     // Weighted values: up to four tiles of sixteen output dimensions at a time, over the
     // block's positions 32 at a time, added by the tiles to the outputs they load. A tile of
     // fewer than sixteen queries goes through `s.result`, its outputs copied in and back (the
     // tile rows past the last query are not outputs), the same arithmetic.
     let out_tiles = hd / 16;
+    let tiles = queries.div_ceil(T);
     let mut q = 0;
     while q < tiles {
         // Two tiles of queries at a time where there are two: each tile of values loaded then
         // serves both.
         let pair = q + 1 < tiles;
         let n_q = if pair { 2 } else { 1 };
-        let rows = seen.len().min((q + n_q) * T) - q * T;
+        let rows = queries.min((q + n_q) * T) - q * T;
         let first = out.add((j0 + q * T) * hd);
         // The outputs of the last tile pass through scratch when it has fewer than 16 queries.
         let last = rows - (n_q - 1) * T;
