@@ -437,6 +437,34 @@ fn the_weights_exponential_is_accurate() {
     }
 }
 
+/// The tiles' softmax reduces sixteen queries' sums at once, each in its own lane with the bits
+/// `_mm512_reduce_add_ps` gives that query's sum alone (so a row's result still does not depend
+/// on the rows beside it).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn sums_reduced_together_equal_each_alone() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("skipped: no AVX-512 here");
+        return;
+    }
+    for seed in 0..20u64 {
+        let x = random_vec(256, 90 + seed);
+        // Magnitudes far apart, so that the order of the additions shows in the bits.
+        let rows: [[f32; 16]; 16] = std::array::from_fn(|i| {
+            std::array::from_fn(|l| x[16 * i + l] * 10f32.powi((l % 7) as i32 - 3))
+        });
+        // SAFETY: AVX-512 F is available (checked above).
+        let (together, alone) = unsafe { crate::kernels::x86::sums_at_once_and_alone(&rows) };
+        for i in 0..16 {
+            assert_eq!(
+                together[i].to_bits(),
+                alone[i].to_bits(),
+                "seed {seed} row {i}"
+            );
+        }
+    }
+}
+
 /// The arithmetic of attention on bf16 tiles, plainly: the query rounded to bf16, each score a
 /// sum of exact bf16 products in f32 scaled, the online softmax of `attend_plain` over blocks,
 /// each block's weights rounded to bf16, the output rescaled and its weighted values added to it

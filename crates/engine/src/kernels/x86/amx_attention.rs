@@ -9,7 +9,7 @@
 //! value dimensions), so the tiles load keys and values straight from it. For each block:
 //! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
 //!   tile products per 32 dimensions; then per query the scores scaled and turned into weights
-//!   (`block_weights`: positions a query does not see weigh zero), rounded to bf16; then the
+//!   (`amx_softmax::tile_weights`: positions a query does not see weigh zero), rounded to bf16; then the
 //!   16 x `hd` weighted values of the block in tile products over its 64 positions, added by the
 //!   tiles to the outputs they load (rescaled first where a query's maximum grew). Up to `GROUP`
 //!   tiles go through each phase together, two at a time where there are two, so that each tile
@@ -26,7 +26,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::amx::{load_config, release, Config};
-use super::elementwise::exp16;
+use super::amx_softmax::{store_bf16, tile_weights};
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::attention::{normalize, KvElem, KvOf, TreeMask};
 use half::bf16;
@@ -307,15 +307,17 @@ unsafe fn block_tiles(
     // Each query's factor for what earlier blocks left in its output.
     let mut rescale = [0f32; GROUP * T];
     scores(s, b, hd, j0, tiles);
-    for (i, &n) in seen.iter().enumerate() {
-        let (row, w) = (s.scores.add(i * BLOCK), s.weights.add(i * BLOCK));
-        if n == 0 {
-            std::ptr::write_bytes(w, 0, BLOCK);
-            continue;
-        }
-        let j = j0 + i;
-        let (max, sum) = (&mut *s.max.add(j), &mut *s.sum.add(j));
-        rescale[i] = block_weights(row, n, scale, (max, sum), w);
+    for q in 0..tiles {
+        let (i0, i1) = (q * T, seen.len().min(q * T + T));
+        let j = j0 + i0;
+        tile_weights(
+            s.scores.add(i0 * BLOCK),
+            s.weights.add(i0 * BLOCK),
+            &seen[i0..i1],
+            scale,
+            (s.max.add(j), s.sum.add(j)),
+            &mut rescale[i0..i1],
+        );
     }
     // Earlier blocks' outputs rescaled where a query's maximum grew (by 0 at its first block,
     // where they are zero).
@@ -455,56 +457,6 @@ unsafe fn weighted_values(
         }
         q += n_q;
     }
-}
-
-/// One query's online softmax over a block: its `n` (1..=`BLOCK`) visible scores at `s` scaled,
-/// the running maximum `max` raised to theirs, their weights e^(score - max) (the rest zero)
-/// written to `w` in bf16, their sum (in f32, before rounding) added to `sum`; returns the factor
-/// by which earlier blocks' weights and outputs shrink.
-#[inline(always)]
-unsafe fn block_weights(
-    s: *const f32,
-    n: usize,
-    scale: f32,
-    (max, sum): (&mut f32, &mut f32),
-    w: *mut u16,
-) -> f32 {
-    let visible = |k: usize| -> __mmask16 {
-        let left = n.saturating_sub(16 * k);
-        if left >= 16 {
-            0xFFFF
-        } else {
-            (1u16 << left) - 1
-        }
-    };
-    let vscale = _mm512_set1_ps(scale);
-    let mut x = [_mm512_setzero_ps(); BLOCK / 16];
-    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-    for k in 0..BLOCK / 16 {
-        x[k] = _mm512_mul_ps(_mm512_loadu_ps(s.add(16 * k)), vscale);
-        m = _mm512_mask_max_ps(m, visible(k), m, x[k]);
-    }
-    let new_max = (*max).max(_mm512_reduce_max_ps(m));
-    let rescale = _mm512_cvtss_f32(exp16(_mm512_set1_ps(*max - new_max)));
-    let vmax = _mm512_set1_ps(new_max);
-    let mut total = _mm512_setzero_ps();
-    for k in 0..BLOCK / 16 {
-        x[k] = _mm512_maskz_mov_ps(visible(k), exp16(_mm512_sub_ps(x[k], vmax)));
-        total = _mm512_add_ps(total, x[k]);
-    }
-    for k in 0..BLOCK / 32 {
-        store_bf16(x[2 * k], x[2 * k + 1], w.add(32 * k));
-    }
-    *sum = (*sum).mul_add(rescale, _mm512_reduce_add_ps(total));
-    *max = new_max;
-    rescale
-}
-
-/// The 32 numbers of `a` then `b` rounded to bf16 (to the nearest), to `to`.
-#[inline(always)]
-unsafe fn store_bf16(a: __m512, b: __m512, to: *mut u16) {
-    let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
-    _mm512_storeu_si512(to as *mut _, pair);
 }
 
 /// The queries of the call in bf16, one row of `hd` each (query `j` is head `j % group` of row

@@ -1,6 +1,6 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
-//! `amx` (the packed products on AMX tiles, for many rows), `attention` (with `online_softmax`, its weights of a block; `amx_attention` over a bf16 cache on tiles), and `elementwise` (dot, softmax,
+//! `amx` (the packed products on AMX tiles, for many rows), `attention` (with `online_softmax`, its weights of a block; `amx_attention` over a bf16 cache on tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax,
 //! SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 mod amx;
 mod amx_attention;
+mod amx_softmax;
 mod attention;
 mod elementwise;
 mod online_softmax;
@@ -20,6 +21,8 @@ mod width;
 
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
+#[cfg(test)]
+pub(crate) use amx_softmax::sums_at_once_and_alone;
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{
