@@ -9,11 +9,11 @@
 //! value dimensions), so the tiles load keys and values straight from it. For each block:
 //! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
 //!   tile products per 32 dimensions; then per query the scores scaled and turned into weights
-//!   (`amx_softmax::tile_weights`: positions a query does not see weigh zero), rounded to bf16; then the
-//!   16 x `hd` weighted values of the block in tile products over its 64 positions, added by the
-//!   tiles to the outputs they load (rescaled first where a query's maximum grew). Up to `GROUP`
-//!   tiles go through each phase together, two at a time where there are two, so that each tile
-//!   of keys or values loaded serves both.
+//!   (`amx_softmax::tile_weights`, for the tile's queries at once: positions a query does not
+//!   see weigh zero), rounded to bf16; then the 16 x `hd` weighted values of the block in tile
+//!   products over its 64 positions, added by the tiles to the outputs they load (rescaled first
+//!   where a query's maximum grew). Up to `GROUP` tiles go through each phase together, two at a
+//!   time where there are two, so that each tile of keys or values loaded serves both.
 //!
 //! A tile's rows are computed independently of one another (each output of a tile product reads
 //! one row of A and one column of B), and a query's positions fall in the same blocks whatever
@@ -319,8 +319,8 @@ unsafe fn block_tiles(
             &mut rescale[i0..i1],
         );
     }
-    // Earlier blocks' outputs rescaled where a query's maximum grew (by 0 at its first block,
-    // where they are zero).
+    // Earlier blocks' outputs rescaled where a query's maximum grew (at its first block, where
+    // they are zero, by about e^-87).
     for (i, &n) in seen.iter().enumerate() {
         if n > 0 && rescale[i] != 1.0 {
             let (o, factor) = (out.add((j0 + i) * hd), _mm512_set1_ps(rescale[i]));
@@ -336,8 +336,8 @@ unsafe fn block_tiles(
 /// tile).
 #[inline(always)]
 unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize) {
-    // Scores: four tiles of sixteen positions, over the dimensions 32 at a time; two tiles of
-    // queries at a time where there are two, so that each tile of keys serves both.
+    // Four tiles of sixteen positions, over the dimensions 32 at a time; two tiles of queries
+    // at a time where there are two, so that each tile of keys serves both.
     let mut q = 0;
     while q < tiles {
         let queries = s.queries.add((j0 + q * T) * hd);
