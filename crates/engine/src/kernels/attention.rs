@@ -384,7 +384,6 @@ pub fn attend_rows(
         "one sink per query head"
     );
     #[cfg(target_arch = "x86_64")]
-    #[cfg(target_arch = "x86_64")]
     if let (KvElems::Bf16 { keys, values }, true) =
         (kv.elems, tiles_attend(isa, hd) && kv.offset == 0)
     {

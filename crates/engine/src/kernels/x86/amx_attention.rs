@@ -416,8 +416,8 @@ unsafe fn weighted_values(
         };
         let weights = s.weights.add(q * T * BLOCK);
         if pair {
+            let c = [first, last_sums];
             for g in (0..out_tiles).step_by(2) {
-                let c = [first, last_sums];
                 for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
                     load_sums(n, c[u].add(16 * (g + h)), 4 * hd);
                 }

@@ -100,6 +100,8 @@ pub(super) unsafe fn tile_weights(
         .enumerate()
         .fold(0, |m, (i, &s)| if s > 0 { m | 1 << i } else { m });
     let vscale = _mm512_set1_ps(scale);
+    // A query's scaled scores, computed again in the second pass (the same bits) rather than
+    // held: sixteen queries' would take 64 registers.
     let scaled =
         |i: usize, k: usize| _mm512_mul_ps(_mm512_loadu_ps(scores.add(i * BLOCK + 16 * k)), vscale);
     // Each query's block maximum.
