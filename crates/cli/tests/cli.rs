@@ -591,3 +591,59 @@ fn bench_forward_json_has_the_documented_fields() {
         assert_eq!(r["attention_macs_per_token"], 30 * 2 * 576 * 33);
     }
 }
+
+#[test]
+fn bench_replay_reports_each_turn_and_each_conversation() {
+    // A two-turn chat whose second turn a script continued, then a one-turn Messages request.
+    let system = "You are a careful assistant. Answer in one short sentence. ".repeat(4);
+    let first = serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]);
+    let mut second = first.clone();
+    let turns = second.as_array_mut().unwrap();
+    turns.push(serde_json::json!({"role": "assistant", "content": "Blue."}));
+    turns.push(serde_json::json!({"role": "user", "content": "Name another."}));
+    let lines = [
+        serde_json::json!({"api": "chat.completions", "tenant": 0, "body": {"messages": first}}),
+        serde_json::json!({"api": "chat.completions", "tenant": 0, "continued": true, "body": {"messages": second}}),
+        serde_json::json!({"api": "messages", "tenant": 0, "body": {"max_tokens": 64, "messages": [{"role": "user", "content": "Say hi."}]}}),
+    ];
+    let p = tmp("replay.jsonl");
+    std::fs::write(&p, lines.map(|l| l.to_string()).join("\n")).unwrap();
+    let o = pld(&[
+        "bench",
+        "replay",
+        "--model",
+        "smollm2-135m",
+        "--requests",
+        p.to_str().unwrap(),
+        "--max-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mismatches"], 0);
+    for mode in v["modes"].as_array().unwrap() {
+        let r = mode["requests"].as_array().unwrap();
+        assert_eq!(r.len(), 3, "{mode}");
+        assert_eq!(r[1]["continued"], true);
+        assert_eq!(r[0]["continued"], false);
+        for x in r {
+            assert!(x["prompt_tokens"].as_u64().unwrap() > 0, "{x}");
+            assert!(x["e2e_s"].as_f64() >= x["ttft_s"].as_f64(), "{x}");
+        }
+        // The second turn reads the first turn's prompt from the cache; the warm-up request
+        // before the replay shares no block with the first turn.
+        assert_eq!(r[0]["cached_tokens"], 0, "{mode}");
+        let cached = r[1]["cached_tokens"].as_u64().unwrap();
+        assert!(cached >= 32, "{mode}");
+        let c = mode["conversations"].as_array().unwrap();
+        assert_eq!(c.len(), 2, "{mode}");
+        assert_eq!(c[0]["requests"], 2);
+        let share = c[0]["later_min_cached_share"].as_f64().unwrap();
+        let expected = cached as f64 / r[1]["prompt_tokens"].as_f64().unwrap();
+        assert!((share - expected).abs() < 1e-9, "{share} {expected}");
+        assert_eq!(c[1]["requests"], 1);
+    }
+}

@@ -9,9 +9,11 @@
 //! `--clients N`, N conversations are replayed at once (with one, each request goes to the plain
 //! server and then to the speculative one, alternating; with more, all go to one, then all to
 //! the other). The report gives each turn's time to
-//! first output and cached prompt share, and over everything the decode and end-to-end speedups
-//! and whether the two servers' outputs were identical (they must be: greedy speculation changes
-//! no token).
+//! first output, decode time and cached prompt share (and whether the agent sent it or a script
+//! continued its session: `"continued": true` in the recording), each conversation's total time,
+//! its later turns' least cached share and longest time to first output against the first's, and
+//! over everything the decode and end-to-end speedups and whether the two servers' outputs were
+//! identical (they must be: greedy speculation changes no token).
 
 use crate::spec::SpecArgs;
 use clap::Args;
@@ -60,6 +62,9 @@ pub struct ReplayArgs {
 struct Recorded {
     api: String,
     tenant: u64,
+    /// Written by a script that continued a recorded session (tools/agents/continue_session.py),
+    /// not sent by the agent itself.
+    continued: bool,
     body: Value,
 }
 
@@ -74,6 +79,7 @@ struct Sample {
     prompt_tokens: u64,
     cached_tokens: u64,
     output_tokens: u64,
+    continued: bool,
     /// The output: text and call arguments as they streamed.
     #[serde(skip)]
     output: String,
@@ -116,6 +122,7 @@ fn conversations(a: &ReplayArgs) -> anyhow::Result<Vec<Vec<Recorded>>> {
             let r = Recorded {
                 api,
                 tenant: v["tenant"].as_u64().unwrap_or(0),
+                continued: v["continued"].as_bool().unwrap_or(false),
                 body: v["body"].clone(),
             };
             match out.last_mut() {
@@ -182,12 +189,20 @@ fn read_event(api: &str, v: &Value, s: &mut Sample) -> Option<String> {
             }
         }
         "messages" => {
-            if v["type"] == "message_delta" {
-                let u = &v["usage"];
+            // The prompt's counts come with `message_delta` (pld) or only with `message_start`
+            // (llama-server): whichever has them.
+            let u = match v["type"].as_str() {
+                Some("message_start") => &v["message"]["usage"],
+                Some("message_delta") => &v["usage"],
+                _ => &Value::Null,
+            };
+            if let Some(input) = u["input_tokens"].as_u64() {
                 let cached = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
-                s.prompt_tokens = u["input_tokens"].as_u64().unwrap_or(0) + cached;
+                s.prompt_tokens = input + cached;
                 s.cached_tokens = cached;
-                s.output_tokens = u["output_tokens"].as_u64().unwrap_or(0);
+            }
+            if let Some(n) = u["output_tokens"].as_u64() {
+                s.output_tokens = n;
             }
             let d = &v["delta"];
             d["text"].as_str().or(d["partial_json"].as_str())
@@ -239,6 +254,7 @@ async fn send(
     }
     let mut s = Sample {
         api: r.api.clone(),
+        continued: r.continued,
         ..Default::default()
     };
     let mut buf = String::new();
@@ -302,6 +318,20 @@ async fn replay(
     }
     all.sort_by_key(|s| (s.conversation, s.turn));
     Ok(all)
+}
+
+/// One short request, answered before the replay starts: what a server does once when it meets
+/// its first request (pld times its passes to price drafts; the weights are first read from the
+/// page cache) is start-up, not the first turn's time to first output.
+async fn warm_up(base: &str, model: &str) -> anyhow::Result<()> {
+    let r = Recorded {
+        api: "chat.completions".into(),
+        tenant: 0,
+        continued: false,
+        body: json!({"messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1}),
+    };
+    send(&http_client()?, base, &r, &replay_body(&r, model, Some(1))).await?;
+    Ok(())
 }
 
 /// A fresh connection per request: a server that closes a connection after a streamed answer
@@ -375,6 +405,44 @@ fn totals(samples: &[Sample]) -> Totals {
     t
 }
 
+/// One conversation's figures: what an agent's user waits for over a session.
+#[derive(serde::Serialize)]
+struct ConversationTotals {
+    conversation: usize,
+    requests: usize,
+    e2e_s: f64,
+    /// The least share of a later request's prompt read from the cache (1 with no later turn).
+    later_min_cached_share: f64,
+    /// The longest time to first output of a later request, as a share of the first request's.
+    later_max_ttft_share: f64,
+}
+
+fn conversation_totals(samples: &[Sample]) -> Vec<ConversationTotals> {
+    let mut out: Vec<ConversationTotals> = Vec::new();
+    let mut first_ttft = 0.0;
+    for s in samples {
+        if out.last().map(|c| c.conversation) != Some(s.conversation) {
+            first_ttft = s.ttft_s;
+            out.push(ConversationTotals {
+                conversation: s.conversation,
+                requests: 0,
+                e2e_s: 0.0,
+                later_min_cached_share: 1.0,
+                later_max_ttft_share: 0.0,
+            });
+        }
+        let c = out.last_mut().expect("pushed above");
+        c.requests += 1;
+        c.e2e_s += s.e2e_s;
+        if s.turn > 0 {
+            let share = s.cached_tokens as f64 / s.prompt_tokens.max(1) as f64;
+            c.later_min_cached_share = c.later_min_cached_share.min(share);
+            c.later_max_ttft_share = c.later_max_ttft_share.max(s.ttft_s / first_ttft.max(1e-9));
+        }
+    }
+    out
+}
+
 pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
     let convs = conversations(&a)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -382,12 +450,11 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if let Some(base) = &a.base_url {
-        let samples = rt.block_on(replay(
-            base.trim_end_matches('/'),
-            &convs,
-            &a.served_model,
-            &a,
-        ))?;
+        let base = base.trim_end_matches('/');
+        let samples = rt.block_on(async {
+            warm_up(base, &a.served_model).await?;
+            replay(base, &convs, &a.served_model, &a).await
+        })?;
         return report(&a, None, &[("server", samples)]);
     }
     let threads = crate::common::init_threads(a.threads)?;
@@ -411,6 +478,8 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         let fast = lenient(super::serve::server_config(budget, ctx, max_seqs, spec));
         let plain = super::serve::start_server(server::app(lm.clone(), plain)?).await?;
         let fast = super::serve::start_server(server::app(lm.clone(), fast)?).await?;
+        warm_up(&plain, "bench").await?;
+        warm_up(&fast, "bench").await?;
         let (p, s) = if a.clients <= 1 {
             replay_alternating(&plain, &fast, &convs, &a).await?
         } else {
@@ -440,7 +509,7 @@ fn report(
         let v = json!({
             "model": model.map(|m| m.0), "threads": model.map(|m| m.1),
             "max_tokens": a.max_tokens, "clients": a.clients, "mismatches": mismatches,
-            "modes": sums.iter().zip(modes).map(|((m, t), (_, s))| json!({"mode": m, "totals": t, "requests": s})).collect::<Vec<_>>(),
+            "modes": sums.iter().zip(modes).map(|((m, t), (_, s))| json!({"mode": m, "totals": t, "conversations": conversation_totals(s), "requests": s})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -464,28 +533,42 @@ fn print_report(
     }
     let heads: Vec<String> = modes
         .iter()
-        .map(|(m, _)| format!("{m} TTFT s | {m} e2e s"))
+        .map(|(m, _)| format!("{m} TTFT s | {m} decode s"))
         .collect();
     println!(
-        "| conv | turn | api | prompt | cached | out | {} |\n|---:|---:|---|---:|---:|---:|{}",
+        "| conv | turn | api | sent by | prompt | cached | out | {} |\n|---:|---:|---|---|---:|---:|---:|{}",
         heads.join(" | "),
         "---:|---:|".repeat(modes.len())
     );
     for (i, s) in modes[0].1.iter().enumerate() {
         let cells: Vec<String> = modes
             .iter()
-            .map(|(_, m)| format!("{:.2} | {:.2}", m[i].ttft_s, m[i].e2e_s))
+            .map(|(_, m)| format!("{:.2} | {:.2}", m[i].ttft_s, m[i].e2e_s - m[i].ttft_s))
             .collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} ({:.1}%) | {} | {} |",
             s.conversation,
             s.turn + 1,
             s.api,
+            if s.continued { "continued" } else { "agent" },
             s.prompt_tokens,
             s.cached_tokens,
+            100.0 * s.cached_tokens as f64 / s.prompt_tokens.max(1) as f64,
             s.output_tokens,
             cells.join(" | ")
         );
+    }
+    for (m, samples) in modes {
+        for c in conversation_totals(samples) {
+            println!(
+                "{m}, conversation {}: {} requests, end to end {:.1} s; later turns: at least {:.1}% of the prompt cached, TTFT at most {:.1}% of the first's",
+                c.conversation,
+                c.requests,
+                c.e2e_s,
+                100.0 * c.later_min_cached_share,
+                100.0 * c.later_max_ttft_share
+            );
+        }
     }
     for (m, t) in sums {
         println!(
@@ -506,5 +589,38 @@ fn print_report(
             p.decode_s / s.decode_s.max(1e-9),
             p.e2e_s / s.e2e_s.max(1e-9)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_all(events: &[Value]) -> Sample {
+        let mut s = Sample::default();
+        for e in events {
+            read_event("messages", e, &mut s);
+        }
+        s
+    }
+
+    #[test]
+    fn messages_usage_read_from_whichever_event_carries_it() {
+        // pld: the start counts the whole prompt as new; the delta gives the cached split.
+        let pld = read_all(&[
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 100, "output_tokens": 0, "cache_read_input_tokens": 0}}}),
+            json!({"type": "message_delta", "usage": {"input_tokens": 20, "output_tokens": 7, "cache_read_input_tokens": 80}}),
+        ]);
+        // llama-server: the split at the start, only the output count in the delta.
+        let llama = read_all(&[
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 20, "output_tokens": 0, "cache_read_input_tokens": 80}}}),
+            json!({"type": "message_delta", "usage": {"output_tokens": 7}}),
+        ]);
+        for s in [pld, llama] {
+            assert_eq!(
+                (s.prompt_tokens, s.cached_tokens, s.output_tokens),
+                (100, 80, 7)
+            );
+        }
     }
 }
