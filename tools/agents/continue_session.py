@@ -159,9 +159,8 @@ def main():
     ap.add_argument("--repo", required=True, help="the repository the agent was recorded in")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    first = next((json.loads(line) for line in open(a.recorded)
-                  if line.strip() and json.loads(line)["api"] == a.api and json.loads(line)["body"].get("stream")),
-                 None)
+    recorded = [json.loads(line) for line in open(a.recorded) if line.strip()]
+    first = next((r for r in recorded if r["api"] == a.api and r["body"].get("stream")), None)
     if first is None:
         sys.exit(f"{a.recorded}: no streamed {a.api} request")
     code, out = run(a.repo, "git checkout -q -- . && git status --porcelain")

@@ -130,6 +130,9 @@ unsafe fn quad(a: (*const u16, *const u16), sa: usize, b: (*const u16, *const u1
     );
 }
 
+/// Which A and B tile (0 or 1 each) sum tile `n` of `quad` multiplies, in the order of `n`.
+const QUAD_SUMS: [(usize, usize); 4] = [(0, 0), (0, 1), (1, 0), (1, 1)];
+
 /// Loads sum tile `n` (0..4) from `p`, rows `stride` bytes apart.
 #[inline(always)]
 unsafe fn load_sums(n: usize, p: *const f32, stride: usize) {
@@ -352,7 +355,7 @@ unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize) {
                     let a = queries.add(32 * c);
                     quad((a, a.add(T * hd)), 2 * hd, (k, k.add(32)), b.key_row);
                 }
-                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                for (n, (u, h)) in QUAD_SUMS.into_iter().enumerate() {
                     store(n, scores.add(u * T * BLOCK + 16 * (n0 + h)), 4 * BLOCK);
                 }
             }
@@ -418,7 +421,7 @@ unsafe fn weighted_values(
         if pair {
             let c = [first, last_sums];
             for g in (0..out_tiles).step_by(2) {
-                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                for (n, (u, h)) in QUAD_SUMS.into_iter().enumerate() {
                     load_sums(n, c[u].add(16 * (g + h)), 4 * hd);
                 }
                 for k in 0..BLOCK / 32 {
@@ -430,7 +433,7 @@ unsafe fn weighted_values(
                         b.value_row,
                     );
                 }
-                for (n, (u, h)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                for (n, (u, h)) in QUAD_SUMS.into_iter().enumerate() {
                     store(n, c[u].add(16 * (g + h)), 4 * hd);
                 }
             }
