@@ -34,7 +34,9 @@ pub struct KvCacheArgs {
     /// Number type of the cached keys and values: bf16 and f16 take half the memory and half
     /// the bytes attention reads at long context (bf16 keeps f32's range, and on AMX its
     /// attention runs on tiles; f16 is llama.cpp's default cache); f32 keeps every digit the
-    /// pass computed. auto: bf16 where attention runs on AMX tiles, else f32.
+    /// pass computed; q8_0 takes about half of bf16's (blocks of 32 int8s and an f16 scale,
+    /// as llama.cpp's `-ctk q8_0 -ctv q8_0`; heads of a multiple of 32 dimensions). auto: bf16
+    /// where attention runs on AMX tiles, else f32.
     #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
 }
@@ -47,6 +49,8 @@ pub enum KvCacheDtype {
     F16,
     Bf16,
     F32,
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 impl KvCacheDtype {
@@ -57,6 +61,7 @@ impl KvCacheDtype {
             KvCacheDtype::F16 => Some(engine::kv_cache::KvDtype::F16),
             KvCacheDtype::Bf16 => Some(engine::kv_cache::KvDtype::Bf16),
             KvCacheDtype::F32 => Some(engine::kv_cache::KvDtype::F32),
+            KvCacheDtype::Q8_0 => Some(engine::kv_cache::KvDtype::Q8),
         }
     }
 

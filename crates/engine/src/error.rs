@@ -29,7 +29,7 @@ pub enum EngineError {
         prompt_tokens: usize,
         context_len: usize,
     },
-    #[error("a {dtype} KV cache cannot hold this model's heads of {head_dim} dimensions (it pairs them); use f16 or f32")]
+    #[error("a {dtype} KV cache cannot hold this model's heads of {head_dim} dimensions (bf16 pairs them, q8_0 takes blocks of 32); use f16 or f32")]
     KvDtypeUnfit {
         dtype: &'static str,
         head_dim: usize,

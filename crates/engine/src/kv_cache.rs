@@ -6,13 +6,14 @@
 //! transposed, one row of positions per dimension (see `kernels::KvHead`), which turns the
 //! attention scores into plain vector products.
 //!
-//! Keys and values are stored as f32, f16 or bf16 (`KvDtype`). f16 is llama.cpp's default: half
-//! the memory and half the bytes attention reads, which at long context is much of a decode
-//! step's traffic beside the weights. bf16 reads as few bytes and is what AMX tiles multiply. A number is rounded once, when written; every later pass reads the
-//! same rounded number, so a speculative pass sees exactly what plain decoding sees and their
-//! tokens stay identical.
+//! Keys and values are stored as f32, f16, bf16 or q8 (`KvDtype`). f16 is llama.cpp's default:
+//! half the memory and half the bytes attention reads, which at long context is much of a decode
+//! step's traffic beside the weights. bf16 reads as few bytes and is what AMX tiles multiply. q8
+//! (`kernels::q8`: int8s and an f16 scale per block of 32) takes about half of bf16's. A number
+//! is rounded once, when written; every later pass reads the same rounded number, so a
+//! speculative pass sees exactly what plain decoding sees and their tokens stay identical.
 
-use crate::kernels::{KvElem, KvHead, ATTENTION_BLOCK};
+use crate::kernels::{q8, KvElem, KvElems, KvHead, KvStored, ATTENTION_BLOCK};
 use half::{bf16, f16};
 
 /// The number type a cache stores its keys and values in.
@@ -25,6 +26,9 @@ pub enum KvDtype {
     Bf16,
     /// Single precision: every digit the pass computed.
     F32,
+    /// llama.cpp's `q8_0` in spirit: each block of 32 numbers an int8 times an f16 scale, 8.5
+    /// bits a number. Heads of a multiple of 32 dimensions.
+    Q8,
 }
 
 impl KvDtype {
@@ -42,11 +46,31 @@ impl KvDtype {
         }
     }
 
-    /// Bytes of one stored number.
+    /// Bytes of one stored number (q8: of its int8; `stored` counts its scales).
     pub fn bytes(self) -> usize {
         match self {
+            KvDtype::Q8 => 1,
             KvDtype::F16 | KvDtype::Bf16 => 2,
             KvDtype::F32 => 4,
+        }
+    }
+
+    /// Stored numbers of one position of a head of `hd` dimensions, its key or its value: `hd`,
+    /// and for q8 two bytes of scale per block of 32 besides.
+    pub fn stored(self, hd: usize) -> usize {
+        match self {
+            KvDtype::Q8 => q8::stored(hd),
+            KvDtype::F16 | KvDtype::Bf16 | KvDtype::F32 => hd,
+        }
+    }
+
+    /// Whether heads of `hd` dimensions can be cached in this type: bf16 pairs dimensions, q8
+    /// takes blocks of 32.
+    pub fn fits(self, hd: usize) -> bool {
+        match self {
+            KvDtype::Bf16 => hd.is_multiple_of(2),
+            KvDtype::Q8 => q8::fits(hd),
+            KvDtype::F16 | KvDtype::F32 => true,
         }
     }
 
@@ -56,6 +80,7 @@ impl KvDtype {
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
             KvDtype::F32 => "f32",
+            KvDtype::Q8 => "q8_0",
         }
     }
 }
@@ -78,7 +103,8 @@ impl KvShape {
 
     /// Bytes one position holds.
     pub fn bytes_per_position(&self) -> usize {
-        self.dtype.bytes() * self.numbers_per_position()
+        let heads = self.kv_dim / self.hd;
+        2 * self.n_layer * heads * self.dtype.stored(self.hd) * self.dtype.bytes()
     }
 }
 
@@ -96,6 +122,11 @@ enum Store {
     F32 {
         keys: Numbers<f32>,
         values: Numbers<f32>,
+    },
+    /// `kernels::q8`'s bytes.
+    Q8 {
+        keys: Numbers<u8>,
+        values: Numbers<u8>,
     },
 }
 
@@ -154,6 +185,32 @@ macro_rules! on_store {
                 keys: $keys,
                 values: $values,
             } => $body,
+            Store::Q8 {
+                keys: $keys,
+                values: $values,
+            } => $body,
+        }
+    };
+}
+
+/// `on_store!` over the stores of one number per element (`KvElem`: f16, bf16, f32); a q8
+/// store is taken apart before.
+macro_rules! on_numbers {
+    ($store:expr, |$keys:ident, $values:ident| $body:expr) => {
+        match $store {
+            Store::F16 {
+                keys: $keys,
+                values: $values,
+            } => $body,
+            Store::Bf16 {
+                keys: $keys,
+                values: $values,
+            } => $body,
+            Store::F32 {
+                keys: $keys,
+                values: $values,
+            } => $body,
+            Store::Q8 { .. } => unreachable!("q8 stores are taken apart first"),
         }
     };
 }
@@ -175,7 +232,7 @@ pub struct KvCache {
 fn room(dtype: KvDtype, capacity: usize) -> usize {
     match dtype {
         KvDtype::Bf16 => capacity.next_multiple_of(ATTENTION_BLOCK) + ATTENTION_BLOCK,
-        KvDtype::F16 | KvDtype::F32 => capacity,
+        KvDtype::F16 | KvDtype::F32 | KvDtype::Q8 => capacity,
     }
 }
 
@@ -193,16 +250,14 @@ impl KvCache {
             hd > 0 && kv_dim.is_multiple_of(hd),
             "heads of {hd} do not divide {kv_dim}"
         );
-        assert!(
-            dtype != KvDtype::Bf16 || hd.is_multiple_of(2),
-            "a bf16 cache pairs dimensions: heads of {hd}"
-        );
+        assert!(dtype.fits(hd), "a {} cache of heads of {hd}", dtype.name());
         let room = room(dtype, capacity);
         // Key rows start on cache lines and lie an odd number of lines apart, so that the rows
         // of one block of positions spread over every L1 set.
         let per_line = 64 / dtype.bytes();
         let key_stride = per_line * (room.div_ceil(per_line) | 1);
-        let (nk, nv) = (n_layer * kv_dim * key_stride, n_layer * room * kv_dim);
+        let numbers = n_layer * (kv_dim / hd) * dtype.stored(hd);
+        let (nk, nv) = (numbers * key_stride, numbers * room);
         let store = match dtype {
             KvDtype::F16 => Store::F16 {
                 keys: Numbers::zeroed(nk),
@@ -213,6 +268,10 @@ impl KvCache {
                 values: Numbers::zeroed(nv),
             },
             KvDtype::F32 => Store::F32 {
+                keys: Numbers::zeroed(nk),
+                values: Numbers::zeroed(nv),
+            },
+            KvDtype::Q8 => Store::Q8 {
                 keys: Numbers::zeroed(nk),
                 values: Numbers::zeroed(nv),
             },
@@ -286,6 +345,9 @@ impl KvCache {
             (Store::F32 { keys, values }, Store::F32 { keys: k, values: v }) => {
                 to.copy_prefix(of, (keys, values), (k, v), len)
             }
+            (Store::Q8 { keys, values }, Store::Q8 { keys: k, values: v }) => {
+                to.copy_prefix(of, (keys, values), (k, v), len)
+            }
             _ => unreachable!("equal shapes have equal number types"),
         }
         self.len = len;
@@ -300,6 +362,7 @@ impl KvCache {
                 Store::F16 { .. } => KvDtype::F16,
                 Store::Bf16 { .. } => KvDtype::Bf16,
                 Store::F32 { .. } => KvDtype::F32,
+                Store::Q8 { .. } => KvDtype::Q8,
             },
         }
     }
@@ -307,7 +370,7 @@ impl KvCache {
     fn layout(&self) -> Layout {
         Layout {
             heads: self.n_layer * self.kv_dim / self.hd,
-            hd: self.hd,
+            stored: self.shape().dtype.stored(self.hd),
             key_stride: self.key_stride,
             room: self.room,
         }
@@ -357,8 +420,8 @@ impl KvCache {
     pub(crate) fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
         debug_assert!(pos < self.capacity);
         let (hd, kv_dim, stride) = (self.hd, self.kv_dim, self.key_stride);
-        let heads = kv_dim / hd;
-        let (first_value, head_values) = (layer * heads * hd * self.room, hd * self.room);
+        let (heads, stored) = (kv_dim / hd, self.shape().dtype.stored(hd));
+        let (first_value, head_values) = (layer * heads * stored * self.room, stored * self.room);
         /// The writes over numbers of type `E` (`keys` from the layer's first row).
         fn write_of<E: KvElem>(
             (keys, values): (&mut [E], &mut [E]),
@@ -377,7 +440,17 @@ impl KvCache {
         }
         let at = (pos, hd, stride, first_value, head_values);
         let (key, value) = (&key[..kv_dim], &value[..kv_dim]);
-        on_store!(&mut self.store, |keys, values| {
+        if let Store::Q8 { keys, values } = &mut self.store {
+            let first_key = layer * heads * stored * stride;
+            for (head, (k, v)) in key.chunks(hd).zip(value.chunks(hd)).enumerate() {
+                let rows = &mut keys[first_key + head * stored * stride..];
+                q8::write_key(rows, stride, pos, k);
+                let o = first_value + head * head_values + pos * stored;
+                q8::write_value(&mut values[o..o + stored], v);
+            }
+            return;
+        }
+        on_numbers!(&mut self.store, |keys, values| {
             let rows = &mut keys[layer * kv_dim * stride..];
             write_of((rows, values), (key, value), at)
         })
@@ -385,37 +458,50 @@ impl KvCache {
 
     /// The first `len` keys and values of head `head` in layer `layer`.
     pub(crate) fn head(&self, layer: usize, head: usize, len: usize) -> KvHead<'_> {
-        let hd = self.hd;
-        let v = (layer * self.kv_dim + head * hd) * self.room;
-        let k = (layer * self.kv_dim + head * hd) * self.key_stride;
-        let (ks, vs) = (k..k + hd * self.key_stride, v..v + self.room * hd);
-        on_store!(&self.store, |keys, values| {
+        let (hd, heads) = (self.hd, self.kv_dim / self.hd);
+        let stored = self.shape().dtype.stored(hd);
+        let v = (layer * heads + head) * stored * self.room;
+        let k = (layer * heads + head) * stored * self.key_stride;
+        let (ks, vs) = (k..k + stored * self.key_stride, v..v + self.room * stored);
+        if let Store::Q8 { keys, values } = &self.store {
+            let (keys, values) = (&keys[ks], &values[vs]);
+            return KvHead {
+                elems: KvElems::Q8 { keys, values },
+                key_stride: self.key_stride,
+                value_stride: stored,
+                hd,
+                len,
+                offset: 0,
+            };
+        }
+        on_numbers!(&self.store, |keys, values| {
             KvHead::new(&keys[ks], &values[vs], self.key_stride, hd, hd, len)
         })
     }
 }
 
-/// Where a cache's numbers lie: `heads` (layers times KV heads) of `hd` key rows `key_stride`
-/// positions long (`hd / 2` rows of pairs twice as long for a paired type), and `room`
-/// positions of values each.
+/// Where a cache's numbers lie: `heads` (layers times KV heads) of `stored` key rows
+/// `key_stride` positions long (`stored / 2` rows of pairs twice as long for a paired type), and
+/// `room` positions of `stored` values each. `stored` is the head's dimensions, and for q8 its
+/// scales' bytes besides, which these copies move as numbers.
 #[derive(Clone, Copy)]
 struct Layout {
     heads: usize,
-    hd: usize,
+    stored: usize,
     key_stride: usize,
     room: usize,
 }
 
 impl Layout {
     /// Key rows of a type: (rows, numbers in a row, numbers per position in a row).
-    fn key_rows<E: KvElem>(&self) -> (usize, usize, usize) {
+    fn key_rows<E: KvStored>(&self) -> (usize, usize, usize) {
         let per = if E::PAIRED { 2 } else { 1 };
-        (self.heads * self.hd / per, per * self.key_stride, per)
+        (self.heads * self.stored / per, per * self.key_stride, per)
     }
 
     /// Moves position `from`'s keys and values to `to`.
-    fn move_position<E: KvElem>(&self, keys: &mut [E], values: &mut [E], from: usize, to: usize) {
-        let (hd, ks) = (self.hd, self.key_stride);
+    fn move_position<E: KvStored>(&self, keys: &mut [E], values: &mut [E], from: usize, to: usize) {
+        let (hd, ks) = (self.stored, self.key_stride);
         for h in 0..self.heads {
             let (kb, vb) = (h * hd * ks, h * hd * self.room);
             for i in 0..hd {
@@ -427,7 +513,7 @@ impl Layout {
 
     /// Makes the first `len` positions of `to` (in this layout) those of `from` (in `of`),
     /// copying nothing else.
-    fn copy_prefix<E: KvElem>(
+    fn copy_prefix<E: KvStored>(
         &self,
         of: Layout,
         to: (&mut [E], &mut [E]),
@@ -439,7 +525,7 @@ impl Layout {
         for r in 0..rows {
             to.0[r * to_row..][..per * len].copy_from_slice(&from.0[r * from_row..][..per * len]);
         }
-        let hd = self.hd;
+        let hd = self.stored;
         // Whole pairs of positions in one run; a paired type's odd last position by itself.
         let whole = if E::PAIRED { len / 2 * 2 } else { len };
         for h in 0..self.heads {
@@ -454,7 +540,7 @@ impl Layout {
     }
 
     /// `KvCache::take_rows` over numbers of type `E`.
-    fn take<E: KvElem>(
+    fn take<E: KvStored>(
         &self,
         (keys, values): (&[E], &[E]),
         (start, n): (usize, usize),
@@ -467,7 +553,7 @@ impl Layout {
                 &keys[r * row + per * start..][..per * n],
             ));
         }
-        let hd = self.hd;
+        let hd = self.stored;
         for (h, chunk) in out_values.chunks_exact_mut(n * hd * size).enumerate() {
             let base = h * hd * self.room;
             if E::PAIRED {
@@ -482,7 +568,7 @@ impl Layout {
     }
 
     /// `KvCache::put_rows` over numbers of type `E`: `take`'s inverse.
-    fn put<E: KvElem>(
+    fn put<E: KvStored>(
         &self,
         (keys, values): (&mut [E], &mut [E]),
         (start, n): (usize, usize),
@@ -494,7 +580,7 @@ impl Layout {
             let to = &mut keys[r * row + per * start..][..per * n];
             bytemuck::cast_slice_mut(to).copy_from_slice(chunk);
         }
-        let hd = self.hd;
+        let hd = self.stored;
         for (h, chunk) in in_values.chunks_exact(n * hd * size).enumerate() {
             let base = h * hd * self.room;
             if E::PAIRED {
@@ -513,172 +599,4 @@ impl Layout {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::KvElems;
-
-    /// Every number type: the tests' numbers are exact in each wherever they are compared with
-    /// what was written.
-    const DTYPES: [KvDtype; 3] = [KvDtype::F16, KvDtype::Bf16, KvDtype::F32];
-
-    fn cache(dtype: KvDtype, capacity: usize) -> KvCache {
-        let shape = KvShape {
-            n_layer: 2,
-            kv_dim: 4,
-            hd: 2,
-            dtype,
-        };
-        KvCache::new(shape, capacity)
-    }
-
-    /// Key dimension `i` of position `pos` of `head` in `layer`, as f32.
-    fn key(c: &KvCache, layer: usize, head: usize, i: usize, pos: usize) -> f32 {
-        let h = c.head(layer, head, pos + 1);
-        let ks = h.key_stride;
-        match h.elems {
-            KvElems::F32 { keys, .. } => keys[f32::key_at(i, pos, ks)],
-            KvElems::F16 { keys, .. } => keys[f16::key_at(i, pos, ks)].to_f32(),
-            KvElems::Bf16 { keys, .. } => keys[bf16::key_at(i, pos, ks)].to_f32(),
-        }
-    }
-
-    /// Value dimension `i` of position `pos` of `head` in `layer`, as f32.
-    fn value(c: &KvCache, layer: usize, head: usize, i: usize, pos: usize) -> f32 {
-        let h = c.head(layer, head, pos + 1);
-        let vs = h.value_stride;
-        match h.elems {
-            KvElems::F32 { values, .. } => values[f32::value_at(pos, i, vs)],
-            KvElems::F16 { values, .. } => values[f16::value_at(pos, i, vs)].to_f32(),
-            KvElems::Bf16 { values, .. } => values[bf16::value_at(pos, i, vs)].to_f32(),
-        }
-    }
-
-    #[test]
-    fn truncate_keeps_prefix_and_later_writes_overwrite() {
-        for dtype in DTYPES {
-            let mut c = cache(dtype, 8);
-            // Key dimension i of position p is 10p + i: each read below picks one position of
-            // one head.
-            let key_at =
-                |pos: usize| -> Vec<f32> { (0..4).map(|i| (10 * pos + i) as f32).collect() };
-            for pos in 0..5 {
-                c.write(1, pos, &key_at(pos), &[-(pos as f32); 4]);
-            }
-            c.set_len(5);
-            c.truncate(3);
-            assert_eq!(c.len(), 3);
-            let keys = |c: &KvCache, pos: usize, head: usize| -> Vec<f32> {
-                (0..2).map(|i| key(c, 1, head, i, pos)).collect()
-            };
-            assert_eq!(keys(&c, 2, 0), key_at(2)[..2]);
-            assert_eq!(keys(&c, 4, 1), key_at(4)[2..]);
-            assert_eq!([value(&c, 1, 1, 0, 2), value(&c, 1, 1, 1, 2)], [-2.0; 2]);
-            c.write(1, 3, &[9.0; 4], &[9.0; 4]);
-            c.set_len(4);
-            assert_eq!(keys(&c, 3, 1), [9.0; 2]);
-            c.truncate(10);
-            assert_eq!(c.len(), 4, "truncate never grows");
-        }
-    }
-
-    /// f16 rounds each number once, to the nearest, and holds what f16 cannot as its largest
-    /// finite number; f32 keeps it as given.
-    #[test]
-    fn numbers_are_rounded_to_the_stored_type_once() {
-        let given = [1.0f32 / 3.0, -7.1e-3, 1.0e6, -f32::INFINITY];
-        for dtype in DTYPES {
-            let mut c = cache(dtype, 4);
-            c.write(0, 1, &given, &given);
-            c.set_len(2);
-            for (i, &x) in given.iter().enumerate() {
-                let want = match dtype {
-                    KvDtype::F32 if x.is_infinite() => continue,
-                    KvDtype::F32 => x,
-                    KvDtype::F16 => f16::from_f32(x.clamp(-65504.0, 65504.0)).to_f32(),
-                    KvDtype::Bf16 => bf16::from_f32(x.max(bf16::MIN.to_f32())).to_f32(),
-                };
-                assert_eq!(key(&c, 0, i / 2, i % 2, 1), want, "{dtype:?} key {i}");
-                assert_eq!(value(&c, 0, i / 2, i % 2, 1), want, "{dtype:?} value {i}");
-                assert!(want.is_finite());
-            }
-        }
-    }
-
-    #[test]
-    fn copy_prefix_copies_only_the_prefix() {
-        for dtype in DTYPES {
-            let mut a = cache(dtype, 8);
-            for layer in 0..2 {
-                for pos in 0..5 {
-                    a.write(layer, pos, &[pos as f32 + 0.5; 4], &[pos as f32 + 1.0; 4]);
-                }
-            }
-            a.set_len(5);
-            let mut b = cache(dtype, 16);
-            b.copy_prefix(&a, 3);
-            assert_eq!(b.len(), 3);
-            for layer in 0..2 {
-                for p in 0..3 {
-                    assert_eq!(key(&b, layer, 1, 1, p), key(&a, layer, 1, 1, p));
-                    assert_eq!(value(&b, layer, 1, 0, p), value(&a, layer, 1, 0, p));
-                }
-                assert_eq!(value(&b, layer, 1, 0, 3), 0.0, "nothing past the prefix");
-            }
-        }
-    }
-
-    #[test]
-    fn put_rows_restores_what_take_rows_took() {
-        for dtype in DTYPES {
-            let mut a = cache(dtype, 40);
-            for layer in 0..2 {
-                for pos in 0..20 {
-                    let key: Vec<f32> = (0..4)
-                        .map(|i| (100 * layer + 10 * pos + i) as f32)
-                        .collect();
-                    a.write(layer, pos, &key, &[-(pos as f32) - 0.5 * layer as f32; 4]);
-                }
-            }
-            a.set_len(20);
-            let bytes = a.shape().bytes_per_position();
-            assert_eq!(bytes, 2 * 2 * 4 * dtype.bytes());
-            let (mut first, mut second) = (vec![0u8; 8 * bytes], vec![0u8; 12 * bytes]);
-            a.take_rows(0, 8, &mut first);
-            a.take_rows(8, 12, &mut second);
-            let mut b = cache(dtype, 33);
-            b.put_rows(0, 8, &first);
-            b.put_rows(8, 12, &second);
-            assert_eq!(b.len(), 20);
-            for (layer, head, p, i) in
-                (0..2 * 2 * 20 * 2).map(|n| (n / 80, n / 40 % 2, n / 2 % 20, n % 2))
-            {
-                assert_eq!(key(&b, layer, head, i, p), key(&a, layer, head, i, p));
-                assert_eq!(value(&b, layer, head, i, p), value(&a, layer, head, i, p));
-            }
-        }
-    }
-
-    #[test]
-    fn keep_rows_moves_the_kept_rows_down() {
-        for dtype in DTYPES {
-            let mut c = cache(dtype, 8);
-            let key_at =
-                |pos: usize| -> Vec<f32> { (0..4).map(|i| (10 * pos + i) as f32).collect() };
-            for layer in 0..2 {
-                for pos in 0..6 {
-                    c.write(layer, pos, &key_at(pos), &[pos as f32; 4]);
-                }
-            }
-            c.set_len(6);
-            // Rows 2.. were a tree; keep rows 0, 2 and 3 of it (positions 2, 4, 5).
-            c.keep_rows(2, &[0, 2, 3]);
-            assert_eq!(c.len(), 5);
-            for layer in 0..2 {
-                let keys: Vec<f32> = (0..5).map(|p| key(&c, layer, 1, 1, p)).collect();
-                assert_eq!(keys, [3.0, 13.0, 23.0, 43.0, 53.0]);
-                let values: Vec<f32> = (0..5).map(|p| value(&c, layer, 1, 0, p)).collect();
-                assert_eq!(values, [0.0, 1.0, 2.0, 4.0, 5.0]);
-            }
-        }
-    }
-}
+mod tests;

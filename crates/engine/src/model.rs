@@ -321,7 +321,7 @@ impl Model {
     /// by default). bf16 pairs a head's dimensions: refused for an odd head size.
     pub fn set_kv_dtype(&mut self, dtype: KvDtype) -> Result<()> {
         let head_dim = self.config.head_dim;
-        if dtype == KvDtype::Bf16 && head_dim % 2 == 1 {
+        if !dtype.fits(head_dim) {
             return Err(EngineError::KvDtypeUnfit {
                 dtype: dtype.name(),
                 head_dim,

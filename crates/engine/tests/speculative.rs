@@ -222,6 +222,25 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
     }
 }
 
+/// Every KV cache number type keeps speculative output (chains and trees) equal to plain output
+/// on a grounded prompt where drafts are accepted: f32 and f16 beside the default (bf16 on AMX
+/// tiles, f32 elsewhere, which the tests above run), and q8_0.
+#[test]
+fn every_cache_type_keeps_speculation_exact() {
+    use engine::kv_cache::KvDtype;
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8] {
+        let lm = model_caching("smollm2-135m", dtype);
+        let prompt = grounded_prompt(&lm, "code_edit");
+        let plain = run(&lm, &prompt, greedy(64, 0, 1, 1), 4096);
+        let spec = run(&lm, &prompt, greedy(64, 8, 1, 3), 4096);
+        let what = format!("code_edit, {} cache", dtype.name());
+        assert_same("smollm2-135m", &what, &plain, &spec);
+        assert!(spec.stats.accepted_tokens > 0, "{what}: {:?}", spec.stats);
+        let t = run(&lm, &prompt, tree(64, 32, false), 4096);
+        assert_same("smollm2-135m", &format!("{what}, tree"), &plain, &t);
+    }
+}
+
 #[test]
 fn edge_cases_end_where_plain_decoding_ends() {
     let alias = "smollm2-135m";

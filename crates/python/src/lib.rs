@@ -79,9 +79,10 @@ impl Engine {
             "f16" | "float16" | "half" => Some(KvDtype::F16),
             "bf16" | "bfloat16" => Some(KvDtype::Bf16),
             "f32" | "float32" | "float" => Some(KvDtype::F32),
+            "q8_0" | "q8" | "int8" => Some(KvDtype::Q8),
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "kv_cache_dtype must be \"auto\", \"f16\", \"bf16\" or \"f32\", not {other:?}"
+                    "kv_cache_dtype must be \"auto\", \"f16\", \"bf16\", \"f32\" or \"q8_0\", not {other:?}"
                 )))
             }
         };

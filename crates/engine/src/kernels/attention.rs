@@ -6,6 +6,7 @@
 
 use super::elementwise::exp_lane;
 use super::isa::{assert_available, isa, Isa};
+use super::q8;
 #[cfg(target_arch = "x86_64")]
 use super::x86;
 use half::{bf16, f16};
@@ -18,17 +19,14 @@ pub enum ElemKind {
     Bf16,
 }
 
-/// A number type the KV cache stores keys and values in: f32, f16 or bf16, no other (the vector
-/// kernels load by `KIND`).
-pub trait KvElem: sealed::OneOfOurs + Copy + Send + Sync + bytemuck::Pod + 'static {
-    /// The cache's zero.
-    const ZERO: Self;
-    /// Which of the three it is.
-    const KIND: ElemKind;
+/// How a cache lays out the numbers of one key/value head: keys transposed (rows of positions,
+/// `key_stride` apart), values one position after another (`value_stride` apart). Every cache
+/// type, and the bytes of a q8 cache (`q8`), whose rows also hold each block's scale.
+pub trait KvStored: Copy + Send + Sync + bytemuck::Pod + 'static {
     /// Whether a head's numbers lie in pairs, as AMX's bf16 tiles take them (bf16): dimensions
     /// `2p` and `2p + 1` of a key side by side along one row of positions, and positions `2k`
     /// and `2k + 1` of the values side by side along one row of dimensions.
-    const PAIRED: bool = matches!(Self::KIND, ElemKind::Bf16);
+    const PAIRED: bool = false;
 
     /// Where dimension `i` of key `t` lies among a head's keys (rows `key_stride` apart):
     /// `i * key_stride + t`, or paired, `(i / 2) * 2 * key_stride + 2 * t + i % 2`.
@@ -51,6 +49,23 @@ pub trait KvElem: sealed::OneOfOurs + Copy + Send + Sync + bytemuck::Pod + 'stat
             t * value_stride + d
         }
     }
+}
+
+impl KvStored for f32 {}
+impl KvStored for f16 {}
+impl KvStored for bf16 {
+    const PAIRED: bool = true;
+}
+impl KvStored for u8 {}
+
+/// A number type the KV cache stores keys and values in, one number per element: f32, f16 or
+/// bf16, no other (the vector kernels load by `KIND`). A q8 cache's blocks are not numbers of
+/// their own; its heads are dequantized for the kernels (`q8`).
+pub trait KvElem: KvStored + sealed::OneOfOurs {
+    /// The cache's zero.
+    const ZERO: Self;
+    /// Which of the three it is.
+    const KIND: ElemKind;
 
     /// `v` rounded to the nearest number of the type (f16 and bf16: out-of-range values saturate
     /// to the largest finite one, so a cache never holds an infinity its attention would turn to
@@ -132,6 +147,11 @@ pub enum KvElems<'a> {
         keys: &'a [bf16],
         values: &'a [bf16],
     },
+    /// A q8 cache's bytes (`q8`): int8 numbers and each block's f16 scale.
+    Q8 {
+        keys: &'a [u8],
+        values: &'a [u8],
+    },
 }
 
 /// One key/value head of a cache over its first `len` positions. Keys are stored transposed, one
@@ -192,6 +212,10 @@ impl<'a> KvHead<'a> {
             KvElems::F32 { keys, values } => skip_of(keys, values, n, (ks, vs)),
             KvElems::F16 { keys, values } => skip_of(keys, values, n, (ks, vs)),
             KvElems::Bf16 { keys, values } => skip_of(keys, values, n, (ks, vs)),
+            KvElems::Q8 { keys, values } => {
+                let (keys, values) = (&keys[n..], &values[n * vs..]);
+                (KvElems::Q8 { keys, values }, n)
+            }
         };
         KvHead {
             elems,
@@ -248,6 +272,7 @@ macro_rules! with_typed {
                 let $kv = head.of(keys, values);
                 $body
             }
+            KvElems::Q8 { .. } => unreachable!("a q8 head is dequantized first"),
         }
     }};
 }
@@ -383,6 +408,9 @@ pub fn attend_rows(
         sinks.is_none_or(|s| s.len() * hd == gw),
         "one sink per query head"
     );
+    if let KvElems::Q8 { .. } = kv.elems {
+        return q8::attend_rows_q8(isa, q, q_stride, rows, kv, scale, sinks, tree, out);
+    }
     #[cfg(target_arch = "x86_64")]
     if let (KvElems::Bf16 { keys, values }, true) =
         (kv.elems, tiles_attend(isa, hd) && kv.offset == 0)

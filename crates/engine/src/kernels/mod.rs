@@ -43,13 +43,14 @@ mod matrix;
 pub mod packed;
 mod parallel;
 pub mod pool;
+pub mod q8;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub(crate) use attention::ATTENTION_BLOCK;
 pub use attention::{
-    attend, attend_rows, attend_with, tiles_attend, KvElem, KvElems, KvHead, TreeMask,
+    attend, attend_rows, attend_with, tiles_attend, KvElem, KvElems, KvHead, KvStored, TreeMask,
 };
 pub use bandwidth::{amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use dtype::TensorType;

@@ -478,3 +478,4 @@ fn an_isa_the_cpu_lacks_is_refused() {
 
 mod attention;
 mod packed_kernels;
+mod q8;

@@ -28,7 +28,7 @@
 use super::amx::{load_config, release, Config};
 use super::amx_softmax::{store_bf16, tile_weights};
 use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
-use crate::kernels::attention::{normalize, KvElem, KvOf, TreeMask};
+use crate::kernels::attention::{normalize, KvOf, KvStored, TreeMask};
 use half::bf16;
 use std::arch::asm;
 use std::arch::x86_64::*;

@@ -339,6 +339,42 @@ unsafe fn values_block<W: Width, E: KvElem, const ACC: usize>(
     }
 }
 
+/// Where the sweep reads the keys, then the values, of a span of positions: from the cache
+/// itself (`Whole`), or from a q8 cache's numbers dequantized into L1 for it (`q8_attention`),
+/// the keys for the scores and then the values into the same room.
+pub(super) trait Spans<E: KvElem> {
+    /// The head's size and its positions: `(hd, len)`.
+    fn shape(&self) -> (usize, usize);
+    /// The keys of positions `from..to` (`from` a multiple of `BLOCK`), as a head whose keys
+    /// only may be read, and the position its position 0 is: `(head, base)`.
+    ///
+    /// # Safety
+    /// Called from a function compiled for the instructions the implementation uses.
+    unsafe fn keys(&mut self, from: usize, to: usize) -> (KvOf<'_, E>, usize);
+    /// The values of the same positions, as a head whose values only may be read.
+    ///
+    /// # Safety
+    /// As `keys`.
+    unsafe fn values(&mut self, from: usize, to: usize) -> (KvOf<'_, E>, usize);
+}
+
+/// A head read where it lies.
+struct Whole<'a, E>(KvOf<'a, E>);
+
+impl<E: KvElem> Spans<E> for Whole<'_, E> {
+    fn shape(&self) -> (usize, usize) {
+        (self.0.hd, self.0.len)
+    }
+    #[inline(always)]
+    unsafe fn keys(&mut self, _: usize, _: usize) -> (KvOf<'_, E>, usize) {
+        (self.0, 0)
+    }
+    #[inline(always)]
+    unsafe fn values(&mut self, _: usize, _: usize) -> (KvOf<'_, E>, usize) {
+        (self.0, 0)
+    }
+}
+
 /// The rows of one call (query `j` is head `j % group` of row `j / group`). Row `r` sees the
 /// first `row_len(r)` of the `len` positions; `swept(r)` of them go through the sweep over
 /// blocks, the rest of a tree row through `tree_tail`.
@@ -400,7 +436,7 @@ impl<'a> Scratch<'a> {
 /// bounds are those `kernels::attend_rows` checks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_rows_wide<
+pub(super) unsafe fn attend_rows_wide<
     W: Width + BlockWeights,
     E: KvElem,
     const QS: usize,
@@ -410,20 +446,16 @@ unsafe fn attend_rows_wide<
     q: &[f32],
     q_stride: usize,
     rows: usize,
-    kv: KvOf<'_, E>,
+    kv: &mut impl Spans<E>,
     scale: f32,
     sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let hd = kv.hd;
+    let (hd, len) = kv.shape();
     let group = out.len() / rows / hd;
-    let shape = Shape {
-        rows,
-        len: kv.len,
-        tree,
-    };
+    let shape = Shape { rows, len, tree };
     let nq = rows * group;
     let mut s = Scratch::new(scratch, nq);
     out.fill(0.0);
@@ -436,14 +468,15 @@ unsafe fn attend_rows_wide<
         shape,
     };
     for t0 in (0..shape.swept(rows - 1)).step_by(BLOCK) {
-        sweep_block::<W, E, QS, P, ACC>(&sweep, &kv, scale, t0, &mut s);
+        let span = (t0, (t0 + BLOCK).min(len));
+        sweep_block::<W, E, QS, P, ACC>(&sweep, kv, scale, span, &mut s);
     }
     if let Some(m) = tree {
         for r in 0..rows {
             for g0 in (0..group).step_by(QUERIES) {
                 let heads = r * group + g0..r * group + (g0 + QUERIES).min(group);
                 let (sees, end) = (m.row(r), shape.row_len(r));
-                tree_tail::<W, E, QS, P, ACC>(&sweep, heads, &mut s, &kv, scale, sees, end);
+                tree_tail::<W, E, QS, P, ACC>(&sweep, heads, &mut s, kv, scale, sees, end);
             }
         }
     }
@@ -474,12 +507,12 @@ unsafe fn sweep_block<
     const ACC: usize,
 >(
     sweep: &Sweep<'_, impl Fn(usize) -> *const f32>,
-    kv: &KvOf<'_, E>,
+    src: &mut impl Spans<E>,
     scale: f32,
-    t0: usize,
+    (t0, end): (usize, usize),
     s: &mut Scratch<'_>,
 ) {
-    let (group, hd) = (sweep.group, kv.hd);
+    let (group, hd) = (sweep.group, src.shape().0);
     let nq = sweep.shape.rows * group;
     let first = (0..nq)
         .find(|&j| sweep.shape.swept(j / group) > t0)
@@ -487,7 +520,9 @@ unsafe fn sweep_block<
     let seen = |j: usize| (sweep.shape.swept(j / group) - t0).min(BLOCK);
     let weights = s.weights.as_mut_ptr();
     // The first tiles of each phase prefetch the keys, then the values, ahead.
-    let ahead = prefetch_ahead(t0, kv.len);
+    let (keys, base) = src.keys(t0, end);
+    let kv = &keys;
+    let ahead = prefetch_ahead(t0 - base, kv.len);
     // Scores for up to `SCORED` queries at once, so that each tile of keys is read from memory
     // once for all of them (a query's scores past what it sees are computed and not used).
     const SCORED: usize = 8 * QUERIES;
@@ -499,7 +534,8 @@ unsafe fn sweep_block<
         }
         let (a, n) = (c1 - c0, seen(c1 - 1));
         let pf = if c0 == first { ahead } else { 0 };
-        scores_span::<W, E, QS, P>(&qs[..a], &ws[..a], kv, (t0, t0 + n), scale, pf);
+        let span = (t0 - base, t0 - base + n);
+        scores_span::<W, E, QS, P>(&qs[..a], &ws[..a], kv, span, scale, pf);
     }
     for j in first..nq {
         let (max, sum) = (&mut s.max[j], &mut s.sum[j]);
@@ -507,6 +543,8 @@ unsafe fn sweep_block<
     }
     let mut ws = [weights; QUERIES];
     let mut os = [sweep.out; QUERIES];
+    let (kv, base) = src.values(t0, end);
+    let kv = &kv;
     for (pass, j0) in (first..nq).step_by(QUERIES).enumerate() {
         let j1 = (j0 + QUERIES).min(nq);
         for j in j0..j1 {
@@ -515,7 +553,7 @@ unsafe fn sweep_block<
         let a = j1 - j0;
         let pf = if pass == 0 { ahead } else { 0 };
         let (ws, os, rescale) = (&ws[..a], &os[..a], &s.rescale[j0..j1]);
-        values_block::<W, E, ACC>(ws, os, rescale, kv, seen(j1 - 1), |k| t0 + k, pf);
+        values_block::<W, E, ACC>(ws, os, rescale, kv, seen(j1 - 1), |k| t0 - base + k, pf);
     }
 }
 
@@ -535,12 +573,13 @@ unsafe fn tree_tail<
     sweep: &Sweep<'_, impl Fn(usize) -> *const f32>,
     heads: std::ops::Range<usize>,
     s: &mut Scratch<'_>,
-    kv: &KvOf<'_, E>,
+    src: &mut impl Spans<E>,
     scale: f32,
     sees: Visible,
     end: usize,
 ) {
     let from = sees.start / BLOCK * BLOCK;
+    let hd = src.shape().0;
     // At most BLOCK - 1 committed positions, then at most 64 of the tree.
     let cap = 2 * BLOCK;
     let h = heads.len();
@@ -548,10 +587,11 @@ unsafe fn tree_tail<
     let (mut qs, mut os) = ([std::ptr::null(); QUERIES], [sweep.out; QUERIES]);
     let mut ws = [s.tail.as_mut_ptr(); QUERIES];
     for (i, j) in heads.clone().enumerate() {
-        (qs[i], os[i]) = ((sweep.query)(j), sweep.out.add(j * kv.hd));
+        (qs[i], os[i]) = ((sweep.query)(j), sweep.out.add(j * hd));
         ws[i] = s.tail.as_mut_ptr().add(i * cap);
     }
-    scores_span::<W, E, QS, P>(&qs[..h], &ws[..h], kv, (from, end), scale, 0);
+    let (kv, base) = src.keys(from, end);
+    scores_span::<W, E, QS, P>(&qs[..h], &ws[..h], &kv, (from - base, end - base), scale, 0);
     let mut at = [0usize; 2 * BLOCK];
     let mut n = 0;
     for t in from..end {
@@ -566,6 +606,7 @@ unsafe fn tree_tail<
         }
     }
     let (max, sum) = (&mut s.max[heads.clone()], &mut s.sum[heads]);
+    let (kv, base) = src.values(from, end);
     for b0 in (0..n).step_by(BLOCK) {
         let seen = (n - b0).min(BLOCK);
         let (mut wb, mut rescale) = (ws, [0f32; QUERIES]);
@@ -577,9 +618,9 @@ unsafe fn tree_tail<
             &wb[..h],
             &os[..h],
             &rescale[..h],
-            kv,
+            &kv,
             seen,
-            |k| at[b0 + k],
+            |k| at[b0 + k] - base,
             0,
         );
     }
@@ -603,6 +644,7 @@ pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let kv = &mut Whole(kv);
     attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
 }
 
@@ -625,6 +667,7 @@ pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let kv = &mut Whole(kv);
     attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
         q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
     )

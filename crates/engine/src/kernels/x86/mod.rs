@@ -16,6 +16,7 @@ mod online_softmax;
 mod packed;
 mod peak;
 mod products;
+mod q8_attention;
 mod sums;
 mod width;
 
@@ -34,6 +35,7 @@ pub(crate) use peak::{
     peak_avx_vnni_evex,
 };
 pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
+pub(crate) use q8_attention::{attend_rows_q8_avx2, attend_rows_q8_avx512, Q8Buffers, Q8Head};
 
 // The formats as the kernels' const parameters (see `Format::from_code`).
 pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;

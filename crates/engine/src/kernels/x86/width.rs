@@ -58,6 +58,8 @@ pub(super) trait Width {
     /// The even (`odd` false) or odd bf16 numbers of `LANES` pairs from `p`, as f32 (exactly: a
     /// bf16 is an f32's high half).
     unsafe fn bf16_half(p: *const u8, odd: bool) -> Self::F;
+    /// `LANES` f16 numbers given as their low bytes at `lo` and high bytes at `hi`, as f32.
+    unsafe fn f16_planes(lo: *const u8, hi: *const u8) -> Self::F;
     /// `LANES` unsigned or signed bytes as 32-bit integers.
     unsafe fn u8s_i32(p: *const u8) -> Self::I;
     unsafe fn i8s_i32(p: *const u8) -> Self::I;
@@ -195,6 +197,15 @@ impl Width for Zmm {
         } else {
             _mm512_slli_epi32::<16>(pairs)
         })
+    }
+    #[inline(always)]
+    unsafe fn f16_planes(lo: *const u8, hi: *const u8) -> __m512 {
+        let (l, h) = (
+            _mm_loadu_si128(lo as *const _),
+            _mm_loadu_si128(hi as *const _),
+        );
+        let halves = _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
+        _mm512_cvtph_ps(halves)
     }
     #[inline(always)]
     unsafe fn u8s_i32(p: *const u8) -> __m512i {
@@ -359,6 +370,14 @@ impl<const EVEX: bool> Width for Ymm<EVEX> {
     #[inline(always)]
     unsafe fn f16s(p: *const u8) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn f16_planes(lo: *const u8, hi: *const u8) -> __m256 {
+        let (l, h) = (
+            _mm_loadl_epi64(lo as *const _),
+            _mm_loadl_epi64(hi as *const _),
+        );
+        _mm256_cvtph_ps(_mm_unpacklo_epi8(l, h))
     }
     #[inline(always)]
     unsafe fn bf16_half(p: *const u8, odd: bool) -> __m256 {

@@ -1,0 +1,214 @@
+//! The q8 KV cache (`KvDtype::Q8`, llama.cpp's `q8_0` cache in spirit): each block of 32
+//! numbers of a key or a value is stored as 32 int8s and one f16 scale, so that a number is its
+//! int8 times its block's scale, 8.5 bits in all (bf16 and f16 take 16, f32 32).
+//!
+//! Layout, in bytes, per key/value head (`KvStored` for `u8`):
+//! - keys transposed as in every cache: row `i < hd` holds dimension `i` of each position; then
+//!   for each block `b` of 32 dimensions two rows, the low and the high byte of its scale for
+//!   each position (rows `hd + 2b` and `hd + 2b + 1`), so that every row holds one byte per
+//!   position and the cache's row copies (`KvCache::take_rows`, `keep_rows`) move scales with
+//!   their numbers;
+//! - values one position after another, `stored(hd)` bytes each: the `hd` int8s, then each
+//!   block's scale, low byte first.
+//!
+//! Attention computes in f32 over the numbers exactly as stored: an int8 times an f16 scale is
+//! exact in f32, so a q8 head dequantized to f32 and given to the f32 kernels (block by block in
+//! `x86::attend_rows_q8_*`, whole here for the plain loops) gives the same bits everywhere, and a
+//! row's result does not depend on what shares its pass.
+
+use super::attention::{attend_rows, KvElems, KvHead, TreeMask};
+use super::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+use half::f16;
+
+/// Numbers per block: one scale each.
+pub const BLOCK: usize = 32;
+
+/// Bytes one position of a head of `hd` dimensions takes, keys or values: the int8s and two
+/// bytes of scale per block.
+pub const fn stored(hd: usize) -> usize {
+    hd + 2 * (hd / BLOCK)
+}
+
+/// Whether a head of `hd` dimensions can be cached in q8: whole blocks.
+pub const fn fits(hd: usize) -> bool {
+    hd > 0 && hd.is_multiple_of(BLOCK)
+}
+
+/// Quantizes one block: `q[i]` the int8 nearest to `x[i]` over the scale (ties to even), the
+/// scale the f16 nearest to the block's largest magnitude over 127 (at most f16's largest number:
+/// a block beyond saturates at +-127 of it). Returns the scale's bits.
+pub fn quantize_block(x: &[f32], q: &mut [i8]) -> u16 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = f16::from_f32((amax / 127.0).min(f16::MAX.to_f32()));
+    let step = d.to_f32();
+    // Adding and taking away 1.5 * 2^23 rounds a float of magnitude below 2^22 to the nearest
+    // integer, ties to even (f32's own rounding), without a call to `roundf`.
+    const ROUND: f32 = 12_582_912.0;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = if step > 0.0 {
+            let r = (v / step).clamp(-127.0, 127.0);
+            // A NaN stays NaN through both and becomes 0 (`as` maps NaN to zero).
+            ((r + ROUND) - ROUND) as i8
+        } else {
+            0
+        };
+    }
+    d.to_bits()
+}
+
+/// The f16 scale whose low and high bytes are `lo` and `hi`, as f32.
+#[inline]
+pub fn scale(lo: u8, hi: u8) -> f32 {
+    f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+}
+
+/// Writes one head's key of `hd` numbers (`key`) at position `pos` of its transposed rows
+/// (`keys`, rows `ks` apart), quantized.
+pub fn write_key(keys: &mut [u8], ks: usize, pos: usize, key: &[f32]) {
+    let hd = key.len();
+    let mut q = [0i8; BLOCK];
+    for (b, block) in key.chunks_exact(BLOCK).enumerate() {
+        let [lo, hi] = quantize_block(block, &mut q).to_le_bytes();
+        for (j, &v) in q.iter().enumerate() {
+            keys[(b * BLOCK + j) * ks + pos] = v as u8;
+        }
+        keys[(hd + 2 * b) * ks + pos] = lo;
+        keys[(hd + 2 * b + 1) * ks + pos] = hi;
+    }
+}
+
+/// Writes one head's value of `hd` numbers at its place (`value_row`, `stored(hd)` bytes),
+/// quantized.
+pub fn write_value(value_row: &mut [u8], value: &[f32]) {
+    let hd = value.len();
+    let mut q = [0i8; BLOCK];
+    for (b, block) in value.chunks_exact(BLOCK).enumerate() {
+        let [lo, hi] = quantize_block(block, &mut q).to_le_bytes();
+        for (j, &v) in q.iter().enumerate() {
+            value_row[b * BLOCK + j] = v as u8;
+        }
+        value_row[hd + 2 * b] = lo;
+        value_row[hd + 2 * b + 1] = hi;
+    }
+}
+
+/// Dimension `i` of key `t` of a q8 head (`hd` dimensions, rows `ks` apart), as f32: exact.
+#[inline]
+pub fn key(keys: &[u8], hd: usize, ks: usize, i: usize, t: usize) -> f32 {
+    let b = i / BLOCK;
+    let s = scale(keys[(hd + 2 * b) * ks + t], keys[(hd + 2 * b + 1) * ks + t]);
+    keys[i * ks + t] as i8 as f32 * s
+}
+
+/// Dimension `d` of value `t` of a q8 head (`vs` bytes per position), as f32: exact.
+#[inline]
+pub fn value(values: &[u8], hd: usize, vs: usize, t: usize, d: usize) -> f32 {
+    let row = &values[t * vs..];
+    let b = d / BLOCK;
+    row[d] as i8 as f32 * scale(row[hd + 2 * b], row[hd + 2 * b + 1])
+}
+
+/// The keys and values of positions `from..to` of a q8 head, dequantized: keys transposed into
+/// `keys` (rows `ks_out` apart, position `from` first), values one after another into `values`
+/// (`hd` each). The plain loops; the vector kernels have their own (`x86::q8_attention`), with
+/// the same products.
+pub fn dequantize(
+    (keys, values): (&[u8], &[u8]),
+    (hd, ks, vs): (usize, usize, usize),
+    (from, to): (usize, usize),
+    (keys_out, ks_out): (&mut [f32], usize),
+    values_out: &mut [f32],
+) {
+    for i in 0..hd {
+        for t in from..to {
+            keys_out[i * ks_out + t - from] = key(keys, hd, ks, i, t);
+        }
+    }
+    for (t, out) in (from..to).zip(values_out.chunks_exact_mut(hd)) {
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = value(values, hd, vs, t, d);
+        }
+    }
+}
+
+/// `attend_rows` over a q8 head: on a vector class, block by block dequantized into L1 for the
+/// f32 kernels (`x86::attend_rows_q8_avx512`, `_avx2`); otherwise the whole head dequantized and
+/// given to the plain loops. Every path computes on the same f32 numbers, so every one gives the
+/// bits of the plain loops over an f32 cache holding them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows_q8(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvHead<'_>,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    tree: Option<TreeMask<'_>>,
+    out: &mut [f32],
+) {
+    let KvElems::Q8 { keys, values } = kv.elems else {
+        unreachable!("a q8 head")
+    };
+    let KvHead {
+        hd,
+        len,
+        key_stride: ks,
+        value_stride: vs,
+        ..
+    } = kv;
+    assert!(fits(hd) && vs == stored(hd), "a q8 head of {hd} dimensions");
+    assert!(
+        len <= ks && keys.len() >= (stored(hd) - 1) * ks + len && values.len() >= len * vs,
+        "q8 cache too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        let head = x86::Q8Head {
+            keys,
+            values,
+            hd,
+            ks,
+            len,
+        };
+        thread_local! {
+            static BUFFERS: std::cell::RefCell<x86::Q8Buffers> = Default::default();
+        }
+        // SAFETY: `attend_rows` asserted that the CPU runs `isa` (AVX2, FMA and F16C at least;
+        // AVX-512 F, BW and VL for its 512-bit classes) and the shapes of queries and outputs;
+        // the head's bytes were checked just above; hd is a multiple of 32.
+        return BUFFERS.with_borrow_mut(|b| unsafe {
+            if isa.avx512() {
+                x86::attend_rows_q8_avx512(q, q_stride, rows, head, scale, sinks, tree, out, b)
+            } else {
+                x86::attend_rows_q8_avx2(q, q_stride, rows, head, scale, sinks, tree, out, b)
+            }
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    let (mut kf, mut vf) = (vec![0f32; hd * len], vec![0f32; len * hd]);
+    dequantize(
+        (keys, values),
+        (hd, ks, vs),
+        (0, len),
+        (&mut kf, len),
+        &mut vf,
+    );
+    let f32_head = KvHead::new(&kf, &vf, len, hd, hd, len);
+    let mut scratch = Vec::new();
+    attend_rows(
+        Isa::Scalar,
+        q,
+        q_stride,
+        rows,
+        f32_head,
+        scale,
+        sinks,
+        tree,
+        &mut scratch,
+        out,
+    );
+}
