@@ -48,50 +48,39 @@ fn fill(n: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `run` over q8_0 heads (`kernels::q8`'s bytes).
-fn run_q8(s: &Shape) {
+/// Times attention over each of `heads` (`head(i)` the i-th, `n` of them) on every vector class
+/// (or the one `PLD_KERNEL` names) and prints the best time per head, `label` naming the cache
+/// and `bytes` what one head's keys and values take.
+fn time_heads<'a>(
+    s: &Shape,
+    n: usize,
+    head: impl Fn(usize) -> KvHead<'a>,
+    label: &str,
+    bytes: f64,
+) {
     let Shape {
         rows,
         len,
-        copies,
         hd,
         group,
+        ..
     } = *s;
     let q_stride = 2 * group * hd;
-    let (ks, vs) = (64 * (len.div_ceil(64) | 1), q8::stored(hd));
-    let heads: Vec<(Vec<u8>, Vec<u8>)> = (0..copies)
-        .map(|c| {
-            let (mut keys, mut values) = (vec![0u8; vs * ks], vec![0u8; len * vs]);
-            let (kf, vf) = (fill(len * hd, 7919 + c), fill(len * hd, 7907 + c));
-            for t in 0..len {
-                q8::write_key(&mut keys, ks, t, &kf[t * hd..(t + 1) * hd]);
-                q8::write_value(&mut values[t * vs..(t + 1) * vs], &vf[t * hd..(t + 1) * hd]);
-            }
-            (keys, values)
-        })
-        .collect();
     let q = fill(rows * q_stride, 31);
     let mut out = vec![0f32; rows * group * hd];
-    let bytes = (2 * len * vs) as f64;
+    let mut scratch = Vec::new();
+    // The plain version is the reference the others are tested against, not a speed target.
     let chosen = std::env::var("PLD_KERNEL").is_ok().then(isa);
     let timed = Isa::available()
         .into_iter()
         .filter(|&i| i != Isa::Scalar && chosen.is_none_or(|c| c == i));
     for isa in timed {
         let mut best = f64::INFINITY;
-        for _ in 0..(200 / copies).max(5) {
+        for _ in 0..(200 / n).max(5) {
             let t = Instant::now();
-            for (keys, values) in &heads {
-                let kv = KvHead {
-                    elems: KvElems::Q8 { keys, values },
-                    key_stride: ks,
-                    value_stride: vs,
-                    hd,
-                    len,
-                    offset: 0,
-                };
+            for i in 0..n {
                 let scale = 1.0 / (hd as f32).sqrt();
-                let mut scratch = Vec::new();
+                let kv = head(i);
                 attend_rows(
                     isa,
                     &q,
@@ -105,12 +94,13 @@ fn run_q8(s: &Shape) {
                     &mut out,
                 );
             }
-            best = best.min(t.elapsed().as_secs_f64() / copies as f64);
+            best = best.min(t.elapsed().as_secs_f64() / n as f64);
         }
         let macs = (rows * group * len * hd * 2) as f64;
         println!(
-            "{isa:?} rows {rows} len {len} q8_0: {:.1} us per kv head ({:.1} G multiply-adds/s, \
-             {:.1} GB/s)",
+            "{isa:?} rows {rows} len {len} {label} ({:.1} MB over {n} heads): {:.1} us per kv \
+             head ({:.1} G multiply-adds/s, {:.1} GB/s)",
+            n as f64 * bytes / 1e6,
             best * 1e6,
             macs / best / 1e9,
             bytes / best / 1e9,
@@ -118,15 +108,41 @@ fn run_q8(s: &Shape) {
     }
 }
 
+/// `run` over q8_0 heads (`kernels::q8`'s bytes).
+fn run_q8(s: &Shape) {
+    let Shape {
+        len, copies, hd, ..
+    } = *s;
+    let (ks, vs) = (64 * (len.div_ceil(64) | 1), q8::stored(hd));
+    let heads: Vec<(Vec<u8>, Vec<u8>)> = (0..copies)
+        .map(|c| {
+            let (mut keys, mut values) = (vec![0u8; vs * ks], vec![0u8; len * vs]);
+            let (kf, vf) = (fill(len * hd, 7919 + c), fill(len * hd, 7907 + c));
+            for t in 0..len {
+                q8::write_key(&mut keys, ks, t, &kf[t * hd..(t + 1) * hd]);
+                q8::write_value(&mut values[t * vs..(t + 1) * vs], &vf[t * hd..(t + 1) * hd]);
+            }
+            (keys, values)
+        })
+        .collect();
+    let head = |i: usize| {
+        let (keys, values) = (&heads[i].0, &heads[i].1);
+        KvHead {
+            elems: KvElems::Q8 { keys, values },
+            key_stride: ks,
+            value_stride: vs,
+            hd,
+            len,
+            offset: 0,
+        }
+    };
+    time_heads(s, copies, head, "q8_0", (2 * len * vs) as f64);
+}
+
 fn run<E: KvElem>(s: &Shape, dtype: &str) {
     let Shape {
-        rows,
-        len,
-        copies,
-        hd,
-        group,
+        len, copies, hd, ..
     } = *s;
-    let q_stride = 2 * group * hd;
     let size = std::mem::size_of::<E>();
     let per_line = 64 / size;
     // Room for the whole blocks that bf16 tiles read, as the cache has.
@@ -139,46 +155,9 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
             (keys, stored(fill(room * hd, 7907 + c)))
         })
         .collect();
-    let q = fill(rows * q_stride, 31);
-    let mut out = vec![0f32; rows * group * hd];
-    let mut scores = Vec::new();
-    let bytes = (2 * len * hd * size) as f64;
-    let mb = copies as f64 * bytes / 1e6;
-    // The plain version is the reference the others are tested against, not a speed target.
-    let chosen = std::env::var("PLD_KERNEL").is_ok().then(isa);
-    let timed = Isa::available()
-        .into_iter()
-        .filter(|&i| i != Isa::Scalar && chosen.is_none_or(|c| c == i));
-    for isa in timed {
-        let mut best = f64::INFINITY;
-        let runs = (200 / copies).max(5);
-        for _ in 0..runs {
-            let t = Instant::now();
-            for (keys, values) in &heads {
-                let kv = KvHead::new(keys, values, key_stride, hd, hd, len);
-                let scale = 1.0 / (hd as f32).sqrt();
-                attend_rows(
-                    isa,
-                    &q,
-                    q_stride,
-                    rows,
-                    kv,
-                    scale,
-                    None,
-                    None,
-                    &mut scores,
-                    &mut out,
-                );
-            }
-            best = best.min(t.elapsed().as_secs_f64() / copies as f64);
-        }
-        let macs = (rows * group * len * hd * 2) as f64;
-        println!(
-            "{isa:?} rows {rows} len {len} {dtype} ({mb:.0} MB over {copies} heads): {:.1} us per \
-             kv head ({:.1} G multiply-adds/s, {:.1} GB/s)",
-            best * 1e6,
-            macs / best / 1e9,
-            bytes / best / 1e9,
-        );
-    }
+    let head = |i: usize| {
+        let (keys, values) = (&heads[i].0, &heads[i].1);
+        KvHead::new(keys, values, key_stride, hd, hd, len)
+    };
+    time_heads(s, copies, head, dtype, (2 * len * hd * size) as f64);
 }

@@ -83,7 +83,7 @@ fn head_of<E: KvElem>(
 }
 
 /// A deterministic number in [-1, 1) for each (`seed`, `a`, `b`).
-fn noise(seed: u64, a: usize, b: usize) -> f32 {
+pub(super) fn noise(seed: u64, a: usize, b: usize) -> f32 {
     let mut x = seed
         ^ (a as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ (b as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
@@ -118,7 +118,7 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
 /// `attend_rows` over `rows` consecutive rows of `group` query heads each, under `tree` if given:
 /// every row's outputs, in order.
 #[allow(clippy::too_many_arguments)]
-fn attend_all(
+pub(super) fn attend_all(
     isa: Isa,
     q: &[f32],
     q_stride: usize,

@@ -2,6 +2,7 @@
 //! attention over a q8 head, on every implementation the CPU has, bit for bit the plain loops
 //! over an f32 head holding the same numbers: alone, in rows and as a draft tree's nodes.
 
+use super::attention::{attend_all, noise};
 use super::*;
 use crate::kernels::q8;
 
@@ -43,41 +44,6 @@ fn q8_kv<'a>(keys: &'a [u8], values: &'a [u8], hd: usize, ks: usize, len: usize)
         len,
         offset: 0,
     }
-}
-
-/// Every row's outputs of `attend_rows` (no sinks).
-#[allow(clippy::too_many_arguments)]
-fn attend_all(
-    isa: Isa,
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    group: usize,
-    kv: KvHead<'_>,
-    scale: f32,
-    tree: Option<TreeMask<'_>>,
-) -> Vec<f32> {
-    let mut out = vec![0f32; rows * group * kv.hd];
-    let mut scratch = Vec::new();
-    attend_rows(
-        isa,
-        q,
-        q_stride,
-        rows,
-        kv,
-        scale,
-        None,
-        tree,
-        &mut scratch,
-        &mut out,
-    );
-    out
-}
-
-/// A deterministic number in [-1, 1).
-fn noise(seed: u64, a: usize, b: usize) -> f32 {
-    let x = random_vec(1, seed ^ ((a as u64) << 20) ^ ((b as u64) << 40));
-    x[0]
 }
 
 #[test]
