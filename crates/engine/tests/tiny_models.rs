@@ -249,6 +249,23 @@ fn the_cache_number_type_is_bf16_unless_told() {
             lm.model.set_kv_dtype(dtype).unwrap();
             assert_eq!(lm.model.new_cache(8).shape().dtype, dtype);
         }
+        // q8_0 takes heads of whole blocks of 32; others are refused, the type kept, with an
+        // error that names the type and the heads.
+        match lm.model.set_kv_dtype(KvDtype::Q8) {
+            Ok(()) => {
+                assert_eq!(hd % 32, 0, "{}", r.name);
+                assert_eq!(lm.model.new_cache(8).shape().dtype, KvDtype::Q8);
+            }
+            Err(e) => {
+                assert_ne!(hd % 32, 0, "{}", r.name);
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("q8_0") && msg.contains(&hd.to_string()),
+                    "{msg}"
+                );
+                assert_eq!(lm.model.new_cache(8).shape().dtype, KvDtype::F32);
+            }
+        }
     }
 }
 

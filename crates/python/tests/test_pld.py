@@ -219,7 +219,7 @@ def test_bad_settings_raise_value_errors_naming_the_field():
 
 def test_a_cache_type_is_asked_for_by_vllms_name(llm):
     assert llm.kv_cache_dtype in ("bf16", "f32")  # by the CPU's kernels: KvDtype::auto
-    for name, dtype in [("f16", "f16"), ("float32", "f32"), ("bfloat16", "bf16")]:
+    for name, dtype in [("f16", "f16"), ("float32", "f32"), ("bfloat16", "bf16"), ("q8_0", "q8_0")]:
         other = LLM("smollm2-135m", kv_cache_dtype=name, threads=2)
         assert other.kv_cache_dtype == dtype
         out = other.generate(PROMPT, greedy(16), use_tqdm=False)[0]
