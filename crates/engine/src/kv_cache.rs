@@ -169,9 +169,14 @@ impl<E: bytemuck::Pod> std::ops::DerefMut for Numbers<E> {
 }
 
 /// `$body` with `$keys` and `$values` bound to the store's vectors (or references to them, as
-/// `$store` is taken), whichever their number type: one generic body, compiled for each.
+/// `$store` is taken), whichever their number type: one generic body, compiled for each. With
+/// `q8 => $other`, a q8 store takes `$other` instead (for bodies that need a `KvElem`: one number
+/// per element).
 macro_rules! on_store {
     ($store:expr, |$keys:ident, $values:ident| $body:expr) => {
+        on_store!($store, |$keys, $values| $body, q8 => $body)
+    };
+    ($store:expr, |$keys:ident, $values:ident| $body:expr, q8 => $other:expr) => {
         match $store {
             Store::F16 {
                 keys: $keys,
@@ -185,32 +190,11 @@ macro_rules! on_store {
                 keys: $keys,
                 values: $values,
             } => $body,
+            #[allow(unused_variables)]
             Store::Q8 {
                 keys: $keys,
                 values: $values,
-            } => $body,
-        }
-    };
-}
-
-/// `on_store!` over the stores of one number per element (`KvElem`: f16, bf16, f32); a q8
-/// store is taken apart before.
-macro_rules! on_numbers {
-    ($store:expr, |$keys:ident, $values:ident| $body:expr) => {
-        match $store {
-            Store::F16 {
-                keys: $keys,
-                values: $values,
-            } => $body,
-            Store::Bf16 {
-                keys: $keys,
-                values: $values,
-            } => $body,
-            Store::F32 {
-                keys: $keys,
-                values: $values,
-            } => $body,
-            Store::Q8 { .. } => unreachable!("q8 stores are taken apart first"),
+            } => $other,
         }
     };
 }
@@ -450,10 +434,10 @@ impl KvCache {
             }
             return;
         }
-        on_numbers!(&mut self.store, |keys, values| {
+        on_store!(&mut self.store, |keys, values| {
             let rows = &mut keys[layer * kv_dim * stride..];
             write_of((rows, values), (key, value), at)
-        })
+        }, q8 => unreachable!("written above"))
     }
 
     /// The first `len` keys and values of head `head` in layer `layer`.
@@ -474,9 +458,9 @@ impl KvCache {
                 offset: 0,
             };
         }
-        on_numbers!(&self.store, |keys, values| {
+        on_store!(&self.store, |keys, values| {
             KvHead::new(&keys[ks], &values[vs], self.key_stride, hd, hd, len)
-        })
+        }, q8 => unreachable!("returned above"))
     }
 }
 
