@@ -96,15 +96,14 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Numbers one position holds: a key and a value per layer.
+    /// Numbers one position holds: a key and a value per layer and head (with q8's scales).
     pub fn numbers_per_position(&self) -> usize {
-        2 * self.n_layer * self.kv_dim
+        2 * self.n_layer * (self.kv_dim / self.hd) * self.dtype.stored(self.hd)
     }
 
     /// Bytes one position holds.
     pub fn bytes_per_position(&self) -> usize {
-        let heads = self.kv_dim / self.hd;
-        2 * self.n_layer * heads * self.dtype.stored(self.hd) * self.dtype.bytes()
+        self.dtype.bytes() * self.numbers_per_position()
     }
 }
 
@@ -170,8 +169,8 @@ impl<E: bytemuck::Pod> std::ops::DerefMut for Numbers<E> {
 
 /// `$body` with `$keys` and `$values` bound to the store's vectors (or references to them, as
 /// `$store` is taken), whichever their number type: one generic body, compiled for each. With
-/// `q8 => $other`, a q8 store takes `$other` instead (for bodies that need a `KvElem`: one number
-/// per element).
+/// `q8 => $other`, a q8 store's bytes take `$other` instead (for bodies that need a `KvElem`:
+/// one number per element).
 macro_rules! on_store {
     ($store:expr, |$keys:ident, $values:ident| $body:expr) => {
         on_store!($store, |$keys, $values| $body, q8 => $body)
@@ -190,7 +189,6 @@ macro_rules! on_store {
                 keys: $keys,
                 values: $values,
             } => $body,
-            #[allow(unused_variables)]
             Store::Q8 {
                 keys: $keys,
                 values: $values,
@@ -424,7 +422,10 @@ impl KvCache {
         }
         let at = (pos, hd, stride, first_value, head_values);
         let (key, value) = (&key[..kv_dim], &value[..kv_dim]);
-        if let Store::Q8 { keys, values } = &mut self.store {
+        on_store!(&mut self.store, |keys, values| {
+            let rows = &mut keys[layer * kv_dim * stride..];
+            write_of((rows, values), (key, value), at)
+        }, q8 => {
             let first_key = layer * heads * stored * stride;
             for (head, (k, v)) in key.chunks(hd).zip(value.chunks(hd)).enumerate() {
                 let rows = &mut keys[first_key + head * stored * stride..];
@@ -432,12 +433,7 @@ impl KvCache {
                 let o = first_value + head * head_values + pos * stored;
                 q8::write_value(&mut values[o..o + stored], v);
             }
-            return;
-        }
-        on_store!(&mut self.store, |keys, values| {
-            let rows = &mut keys[layer * kv_dim * stride..];
-            write_of((rows, values), (key, value), at)
-        }, q8 => unreachable!("written above"))
+        })
     }
 
     /// The first `len` keys and values of head `head` in layer `layer`.
@@ -447,20 +443,16 @@ impl KvCache {
         let v = (layer * heads + head) * stored * self.room;
         let k = (layer * heads + head) * stored * self.key_stride;
         let (ks, vs) = (k..k + stored * self.key_stride, v..v + self.room * stored);
-        if let Store::Q8 { keys, values } = &self.store {
-            let (keys, values) = (&keys[ks], &values[vs]);
-            return KvHead {
-                elems: KvElems::Q8 { keys, values },
-                key_stride: self.key_stride,
-                value_stride: stored,
-                hd,
-                len,
-                offset: 0,
-            };
-        }
         on_store!(&self.store, |keys, values| {
             KvHead::new(&keys[ks], &values[vs], self.key_stride, hd, hd, len)
-        }, q8 => unreachable!("returned above"))
+        }, q8 => KvHead {
+            elems: KvElems::Q8 { keys: &keys[ks], values: &values[vs] },
+            key_stride: self.key_stride,
+            value_stride: stored,
+            hd,
+            len,
+            offset: 0,
+        })
     }
 }
 

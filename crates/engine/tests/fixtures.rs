@@ -107,11 +107,11 @@ fn logits_match_reference_under_teacher_forcing() {
     }
 }
 
-/// The q8_0 cache (and bf16 and f16) beside the f32 cache, under teacher forcing on the fixtures' cases: the f32
-/// cache's top-1 is q8_0's wherever it leads its runner-up by more than 0.5 nats, and its
-/// log-probability moves by at most 0.7 nats (each cache is held within 0.35 of the reference
-/// above, so this is what that band allows between two of them); the figures are printed
-/// (docs/caches.md quotes them).
+/// The q8_0 cache (and bf16 and f16) beside the f32 cache, under teacher forcing on the
+/// fixtures' cases: the f32 cache's top-1 is the other's wherever it leads its runner-up by more
+/// than 0.5 nats, and its log-probability moves by at most 0.7 nats (each cache is held within
+/// 0.35 of the reference above, so this is what that band allows between two of them); the
+/// figures are printed (docs/bench/long-context.md quotes them).
 #[test]
 fn q8_cache_agrees_with_the_f32_cache() {
     for (alias, file) in FIXTURE_MODELS {
@@ -142,10 +142,11 @@ fn q8_cache_agrees_with_the_f32_cache() {
                     }
                     let what = format!("{alias} {dtype:?} {name} position {j}");
                     assert!(diff <= 0.7, "{what}: top-1 log-prob moved {diff} nats");
-                    let mut sorted = la.clone();
-                    sorted.sort_by(|x, y| y.total_cmp(x));
+                    let runner_up = (la.iter().enumerate())
+                        .filter(|&(i, _)| i != top as usize)
+                        .fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
                     let other_top = engine::sampling::argmax(b);
-                    if sorted[0] - sorted[1] > 0.5 {
+                    if la[top as usize] - runner_up > 0.5 {
                         assert_eq!(other_top, top, "{what}: top-1");
                     }
                     agree += usize::from(other_top == top);

@@ -64,50 +64,52 @@ pub fn scale(lo: u8, hi: u8) -> f32 {
     f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
 }
 
+/// Quantizes one head's key or value of `hd` numbers into its `stored(hd)` bytes, byte `n`
+/// going where `put(n, byte)` puts it: the int8s at `0..hd`, block `b`'s scale (low, high byte)
+/// at `hd + 2b` and `hd + 2b + 1`.
+fn write_head(x: &[f32], mut put: impl FnMut(usize, u8)) {
+    let hd = x.len();
+    let mut q = [0i8; BLOCK];
+    for (b, block) in x.chunks_exact(BLOCK).enumerate() {
+        let [lo, hi] = quantize_block(block, &mut q).to_le_bytes();
+        for (j, &v) in q.iter().enumerate() {
+            put(b * BLOCK + j, v as u8);
+        }
+        put(hd + 2 * b, lo);
+        put(hd + 2 * b + 1, hi);
+    }
+}
+
+/// Number `i` of one head's key or value, byte `n` of its stored bytes being `byte(n)` (laid out
+/// as `write_head` puts them), as f32: exact.
+#[inline]
+fn number(byte: impl Fn(usize) -> u8, hd: usize, i: usize) -> f32 {
+    let b = i / BLOCK;
+    byte(i) as i8 as f32 * scale(byte(hd + 2 * b), byte(hd + 2 * b + 1))
+}
+
 /// Writes one head's key of `hd` numbers (`key`) at position `pos` of its transposed rows
 /// (`keys`, rows `ks` apart), quantized.
 pub fn write_key(keys: &mut [u8], ks: usize, pos: usize, key: &[f32]) {
-    let hd = key.len();
-    let mut q = [0i8; BLOCK];
-    for (b, block) in key.chunks_exact(BLOCK).enumerate() {
-        let [lo, hi] = quantize_block(block, &mut q).to_le_bytes();
-        for (j, &v) in q.iter().enumerate() {
-            keys[(b * BLOCK + j) * ks + pos] = v as u8;
-        }
-        keys[(hd + 2 * b) * ks + pos] = lo;
-        keys[(hd + 2 * b + 1) * ks + pos] = hi;
-    }
+    write_head(key, |n, byte| keys[n * ks + pos] = byte)
 }
 
 /// Writes one head's value of `hd` numbers at its place (`value_row`, `stored(hd)` bytes),
 /// quantized.
 pub fn write_value(value_row: &mut [u8], value: &[f32]) {
-    let hd = value.len();
-    let mut q = [0i8; BLOCK];
-    for (b, block) in value.chunks_exact(BLOCK).enumerate() {
-        let [lo, hi] = quantize_block(block, &mut q).to_le_bytes();
-        for (j, &v) in q.iter().enumerate() {
-            value_row[b * BLOCK + j] = v as u8;
-        }
-        value_row[hd + 2 * b] = lo;
-        value_row[hd + 2 * b + 1] = hi;
-    }
+    write_head(value, |n, byte| value_row[n] = byte)
 }
 
 /// Dimension `i` of key `t` of a q8 head (`hd` dimensions, rows `ks` apart), as f32: exact.
 #[inline]
 pub fn key(keys: &[u8], hd: usize, ks: usize, i: usize, t: usize) -> f32 {
-    let b = i / BLOCK;
-    let s = scale(keys[(hd + 2 * b) * ks + t], keys[(hd + 2 * b + 1) * ks + t]);
-    keys[i * ks + t] as i8 as f32 * s
+    number(|n| keys[n * ks + t], hd, i)
 }
 
 /// Dimension `d` of value `t` of a q8 head (`vs` bytes per position), as f32: exact.
 #[inline]
 pub fn value(values: &[u8], hd: usize, vs: usize, t: usize, d: usize) -> f32 {
-    let row = &values[t * vs..];
-    let b = d / BLOCK;
-    row[d] as i8 as f32 * scale(row[hd + 2 * b], row[hd + 2 * b + 1])
+    number(|n| values[t * vs + n], hd, d)
 }
 
 /// The keys and values of positions `from..to` of a q8 head, dequantized: keys transposed into

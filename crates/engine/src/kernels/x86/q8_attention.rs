@@ -170,7 +170,7 @@ unsafe fn dequantize_values<W: Width>(
 /// `attend_rows_wide` over a q8 head's dequantized spans.
 ///
 /// # Safety
-/// As `dequantize_span`, and the bounds `kernels::attend_rows` checks.
+/// As `dequantize_keys`, and the bounds `kernels::attend_rows` checks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: usize>(
