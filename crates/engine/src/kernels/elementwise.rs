@@ -99,9 +99,18 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     if has_avx2() {
         // SAFETY: the CPU has AVX2 and FMA (`has_avx2`); the lengths are equal.
         let done = unsafe { x86::swiglu_avx2(gate, up) };
-        return swiglu_scalar(&mut gate[done..], &up[done..]);
+        return swiglu_lanes(&mut gate[done..], &up[done..]);
     }
-    swiglu_scalar(gate, up)
+    swiglu_lanes(gate, up)
+}
+
+/// `swiglu` one number at a time with the vector loop's arithmetic (`exp_lane`, then the same
+/// division and product), so that a number gets the same bits whether a vector or this loop
+/// takes it: a row's activation does not depend on where the row lies in a batch of rows.
+fn swiglu_lanes(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + exp_lane(-*g)) * u;
+    }
 }
 
 /// The plain version of `swiglu`.

@@ -444,6 +444,29 @@ fn softmax_and_swiglu_match_their_plain_versions() {
     }
 }
 
+/// SwiGLU over several rows at once gives each row the bits it gets alone, whatever the row's
+/// length: the numbers past the last whole vector take the vector loop's arithmetic.
+#[test]
+fn swiglu_of_a_row_does_not_depend_on_its_neighbours() {
+    for len in [1usize, 7, 13, 36, 61] {
+        let rows = 3;
+        let x: Vec<f32> = random_vec(rows * len, 70 + len as u64)
+            .iter()
+            .map(|v| v * 12.0)
+            .collect();
+        let up = random_vec(rows * len, 80 + len as u64);
+        let mut together = x.clone();
+        swiglu(&mut together, &up);
+        for r in 0..rows {
+            let span = r * len..(r + 1) * len;
+            let mut alone = x[span.clone()].to_vec();
+            swiglu(&mut alone, &up[span.clone()]);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&alone), bits(&together[span]), "row {r} of {len}");
+        }
+    }
+}
+
 /// An implementation the CPU lacks is refused before any of its instructions run (where there is
 /// one to try).
 #[test]
