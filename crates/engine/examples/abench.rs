@@ -1,11 +1,12 @@
 //! Times causal attention of ROWS rows over a cache of LEN positions for one key/value head
 //! (head size HD, GROUP query heads per key/value head: qwen-coder-1.5b's 128 and 6 by default),
 //! keys and values stored as DTYPE (f16, bf16, f32 or q8_0, f16 by default; bf16 on `Amx` runs on tiles), every vector implementation the
-//! CPU has (`PLD_KERNEL` names one to time alone), one thread (developer tool):
+//! CPU has (`PLD_KERNEL` names one to time alone), one thread, or `ABENCH_THREADS` at once, each
+//! over its own heads, as a pass's layers run (developer tool):
 //! `cargo run --release --example abench -- [ROWS [LEN [COPIES [HD [GROUP [DTYPE]]]]]]`.
 //! COPIES heads, each with its own keys and values, are attended in turn, so that with enough of
-//! them (more than the last-level cache holds) the keys and values come from memory, as they do
-//! in a forward pass at long context.
+//! them (more than the last-level cache holds: `lscpu`; 480 MiB on some Xeons) the keys and
+//! values come from memory, as they do in a forward pass at long context.
 use engine::kernels::*;
 use std::time::Instant;
 
@@ -54,7 +55,7 @@ fn fill(n: usize, k: usize) -> Vec<f32> {
 fn time_heads<'a>(
     s: &Shape,
     n: usize,
-    head: impl Fn(usize) -> KvHead<'a>,
+    head: impl Fn(usize) -> KvHead<'a> + Sync,
     label: &str,
     bytes: f64,
 ) {
@@ -67,8 +68,9 @@ fn time_heads<'a>(
     } = *s;
     let q_stride = 2 * group * hd;
     let q = fill(rows * q_stride, 31);
-    let mut out = vec![0f32; rows * group * hd];
-    let mut scratch = Vec::new();
+    // ABENCH_THREADS=N: N threads at once, thread k over heads k, k + N, ... (as the model's
+    // layers run one key/value head per thread), timed together.
+    let threads: usize = std::env::var("ABENCH_THREADS").map_or(1, |t| t.parse().unwrap());
     // The plain version is the reference the others are tested against, not a speed target.
     let chosen = std::env::var("PLD_KERNEL").is_ok().then(isa);
     let timed = Isa::available()
@@ -78,23 +80,32 @@ fn time_heads<'a>(
         let mut best = f64::INFINITY;
         for _ in 0..(200 / n).max(5) {
             let t = Instant::now();
-            for i in 0..n {
-                let scale = 1.0 / (hd as f32).sqrt();
-                let kv = head(i);
-                attend_rows(
-                    isa,
-                    &q,
-                    q_stride,
-                    rows,
-                    kv,
-                    scale,
-                    None,
-                    None,
-                    &mut scratch,
-                    &mut out,
-                );
-            }
-            best = best.min(t.elapsed().as_secs_f64() / n as f64);
+            std::thread::scope(|sc| {
+                for k in 0..threads {
+                    let (q, head) = (&q, &head);
+                    sc.spawn(move || {
+                        let mut out = vec![0f32; rows * group * hd];
+                        let mut scratch = Vec::new();
+                        for i in (k..n).step_by(threads) {
+                            let scale = 1.0 / (hd as f32).sqrt();
+                            let kv = head(i);
+                            attend_rows(
+                                isa,
+                                q,
+                                q_stride,
+                                rows,
+                                kv,
+                                scale,
+                                None,
+                                None,
+                                &mut scratch,
+                                &mut out,
+                            );
+                        }
+                    });
+                }
+            });
+            best = best.min(t.elapsed().as_secs_f64() * threads as f64 / n as f64);
         }
         let macs = (rows * group * len * hd * 2) as f64;
         println!(
