@@ -33,7 +33,25 @@ fn smollm_path() -> PathBuf {
     PathBuf::from(stdout.lines().last().expect("a path line").trim())
 }
 
+/// A path in this run's scratch directory. The test harness has no teardown to remove the
+/// directory after the last test, so the first call removes those of earlier runs whose process
+/// is gone (their model copies take a few hundred MB each).
 fn tmp(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix("pld-cli-test-")
+                .and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !PathBuf::from(format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
     let dir = std::env::temp_dir().join(format!("pld-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
