@@ -31,7 +31,7 @@
 // Tiles and sums are indexed by row and sub-block, as in the VNNI kernels.
 #![allow(clippy::needless_range_loop)]
 
-use super::packed::{q5_high, q6_high, MXFP4_TABLE};
+use super::packed::{q5_high, q6_high, FAR_BYTES, MXFP4_TABLE};
 use super::width::{Width, Zmm};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
@@ -417,6 +417,15 @@ unsafe fn group(job: &Job, g: usize, scratch: &mut Scratch) {
     let group = p.group(g).as_ptr();
     for s in 0..p.units() {
         let blk = group.add(s * bytes);
+        // The next unit into L1 and the one `FAR_BYTES` on into L2, as the VNNI kernels do:
+        // groups lie one after another, so past the group's last unit this reads the next
+        // group's first (or past the matrix: prefetches never fault). Without it the unpacking
+        // waited on memory at every unit.
+        let next = blk.wrapping_add(bytes);
+        for l in 0..bytes.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(FAR_BYTES + 64 * l) as *const i8);
+        }
         let w = scratch.w.0.as_mut_ptr();
         // Q8_0's packed bytes are its tile rows.
         let wrows = match format {

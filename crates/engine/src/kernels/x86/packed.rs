@@ -77,7 +77,7 @@ const CHUNK_BYTES: usize = 4096;
 /// (Zen 4, 2 threads, `kbench` at 8 rows out of the caches) VNNI went from 4.7-5.1 to 3.7-3.9 ms
 /// on Q6_K and 6.8-7.2 to 4.4-4.5 on Q8_0, AVX2 from 6.1-7.2 to 4.9-5.2 on Q4_K; 6 to 24 KB
 /// measured alike (README, "Prefetching far ahead").
-const FAR_BYTES: usize = 16 * 1024;
+pub(super) const FAR_BYTES: usize = 16 * 1024;
 
 /// One step of eight columns: `lo` holds each lane's first four columns, `hi` the next four;
 /// activation row `r`'s eight bytes are at `x + r * k`.
