@@ -1,6 +1,7 @@
-//! The key/value cache of one sequence: preallocated for its whole capacity and indexed by
-//! position, so appending writes in place and cutting back (`truncate`) is O(1): positions past the
-//! new length are simply overwritten by the next pass.
+//! The key/value cache of one sequence: allocated for a capacity and indexed by position, so
+//! appending writes in place and cutting back (`truncate`) is O(1): positions past the new length
+//! are simply overwritten by the next pass. A sequence that needs more room moves to a larger
+//! cache (`Sequence::make_room`, by `copy_prefix`).
 //!
 //! Each layer and head has its own region. Values are stored one position after another; keys
 //! transposed, one row of positions per dimension (see `kernels::KvHead`), which turns the
@@ -130,9 +131,10 @@ enum Store {
 }
 
 /// `len` numbers, zero until written, in an anonymous mapping advised to huge pages: memory is
-/// committed only as positions are written, and at long context attention's reads (a block's
-/// key rows lie a row of positions apart) stay within a few pages' translations instead of
-/// one per row.
+/// committed as it is first written (for the transposed keys, whose first positions lie in
+/// every page of their rows, nearly all of it at the first position: hence caches sized to their
+/// sequence), and at long context attention's reads (a block's key rows lie a row of positions
+/// apart) stay within a few pages' translations instead of one per row.
 struct Numbers<E> {
     map: memmap2::MmapMut,
     len: usize,

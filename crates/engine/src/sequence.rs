@@ -39,6 +39,9 @@ pub struct Sequence {
     /// Prompt positions already offered to a prefix cache (`keep_prompt`).
     pub(crate) prompt_offered: usize,
     pub(crate) cache: KvCache,
+    /// Positions this sequence can reach: its prompt and `max_new_tokens` more, within its
+    /// context. The cache starts smaller and grows toward it (`make_room`).
+    pub(crate) reach: usize,
     /// Present when the config drafts.
     pub(crate) drafter: Option<Drafter>,
     /// Upper bound on drafted tokens per step set by a scheduler (load-dependent).
@@ -66,13 +69,24 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// A new sequence over `prompt` with a KV cache of `context_len` positions (at most the
-    /// model's own context).
+    /// A new sequence over `prompt` within `context_len` positions (at most the model's own
+    /// context), its KV cache sized to what it can reach: the prompt and `max_new_tokens` more.
     pub fn new(
         model: &Model,
         prompt: Vec<u32>,
         config: GenerationConfig,
         context_len: usize,
+    ) -> Result<Self> {
+        Sequence::with_first_room(model, prompt, config, context_len, FIRST_ROOM)
+    }
+
+    /// `new`, the cache first holding the prompt and `first_room` more positions.
+    pub(crate) fn with_first_room(
+        model: &Model,
+        prompt: Vec<u32>,
+        config: GenerationConfig,
+        context_len: usize,
+        first_room: usize,
     ) -> Result<Self> {
         config.validate()?;
         let capacity = context_len.min(model.config.context_len);
@@ -112,6 +126,14 @@ impl Sequence {
         } else {
             None
         };
+        // The cache holds the prompt and room for `first_room` more positions, and grows as
+        // the output needs (`make_room`), up to what the sequence can reach: not the whole
+        // context at once. With the keys transposed, their first positions touch every huge
+        // page of the key rows, so a cache of the context's size was committed whole at the
+        // first token (917 MB for qwen-coder-1.5b's 32k positions; seconds of page faults on a
+        // VM).
+        let reach = capacity.min(prompt.len().saturating_add(config.max_new_tokens));
+        let first = reach.min(prompt.len() + first_room);
         let rng = match config.seed {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
@@ -121,7 +143,8 @@ impl Sequence {
             cached_tokens: 0,
             prompt_offered: 0,
             tokens: prompt,
-            cache: model.new_cache(capacity),
+            cache: model.new_cache(first),
+            reach,
             drafter,
             draft_limit: usize::MAX,
             draft_price: None,
@@ -197,7 +220,7 @@ impl Sequence {
             ..self.config.clone()
         };
         let prompt = self.prompt_tokens().to_vec();
-        let mut fork = Sequence::new(model, prompt, config, self.cache.capacity())?;
+        let mut fork = Sequence::new(model, prompt, config, self.reach)?;
         let shared = self.prompt_len - 1;
         fork.cache.copy_prefix(&self.cache, shared);
         fork.phase = Phase::Prefill(shared);
@@ -360,7 +383,7 @@ impl Sequence {
             self.phase = Phase::Finished(FinishReason::Stop);
             return false;
         }
-        if generated >= self.config.max_new_tokens || self.tokens.len() >= self.cache.capacity() {
+        if generated >= self.config.max_new_tokens || self.tokens.len() >= self.reach {
             self.text.push_str(&self.stream.finish());
             self.phase = Phase::Finished(FinishReason::Length);
             return false;
@@ -422,6 +445,10 @@ impl Sequence {
 /// Prompt tokens fed per forward pass during prefill.
 pub const PREFILL_CHUNK: usize = 256;
 
+/// Positions a new sequence's cache has room for past its prompt before it first grows
+/// (`Sequence::make_room`): the default 256 new tokens and their drafts fit.
+pub const FIRST_ROOM: usize = 1024;
+
 /// One sequence's inputs to a pass.
 pub(crate) struct PassInput {
     pub(crate) seq: usize,
@@ -476,7 +503,7 @@ impl Sequence {
         let generated = self.tokens.len() - self.prompt_len;
         // Room left: the pass writes 1 + nodes positions, and at most max_new_tokens tokens may
         // still be emitted (the model's own token is one of them).
-        let room = self.cache.capacity() - self.cache.len() - 1;
+        let room = self.reach - self.cache.len() - 1;
         let left = self.config.max_new_tokens - generated - 1;
         let limit = self.draft_limit.min(room).min(left);
         let price = self.draft_price;
@@ -495,7 +522,22 @@ impl Sequence {
                 d.keep_first(keep);
             }
         }
+        self.make_room(self.cache.len() + 1 + tree.len());
         tree
+    }
+
+    /// Grows the cache to hold `needed` positions (at most `reach`, which every pass stays
+    /// within), to twice its size or more: a new cache with this one's positions copied in,
+    /// bit for bit, so that nothing computed depends on when the cache grew.
+    fn make_room(&mut self, needed: usize) {
+        let have = self.cache.capacity();
+        if needed <= have {
+            return;
+        }
+        let size = needed.max(2 * have).min(self.reach);
+        let mut bigger = KvCache::new(self.cache.shape(), size);
+        bigger.copy_prefix(&self.cache, self.cache.len());
+        self.cache = bigger;
     }
 
     /// A prefill pass is done: `done` prompt tokens are in; once all are, the prompt's last row
@@ -575,18 +617,4 @@ impl Sequence {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_strings_are_found_across_pushes() {
-        let stops = vec!["END".to_string(), "\n\n".to_string()];
-        assert_eq!(find_stop("abcEN", 3, &stops), None);
-        assert_eq!(find_stop("abcEND", 5, &stops), Some((3, 0)));
-        assert_eq!(find_stop("a\n\nb", 2, &stops), Some((1, 1)));
-        assert_eq!(safe_len("abcEN", &stops), 3);
-        assert_eq!(safe_len("abc\n", &stops), 3);
-        assert_eq!(safe_len("abc", &stops), 3);
-        assert_eq!(safe_len("héE", &stops), "hé".len());
-    }
-}
+mod tests;

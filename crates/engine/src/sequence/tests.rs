@@ -1,0 +1,71 @@
+use super::*;
+use crate::step::step;
+use crate::LoadedModel;
+use drafting::SpecConfig;
+
+/// Runs `prompt` to the end with the cache first holding `first_room` positions past it;
+/// returns the tokens and the cache's final size.
+fn run(
+    lm: &LoadedModel,
+    prompt: &[u32],
+    config: &GenerationConfig,
+    first_room: usize,
+) -> (Vec<u32>, usize) {
+    let (model, tok) = (&lm.model, &lm.tokenizer);
+    let mut seq =
+        Sequence::with_first_room(model, prompt.to_vec(), config.clone(), 256, first_room).unwrap();
+    while !seq.is_finished() {
+        step(model, tok, &mut [&mut seq]).unwrap();
+    }
+    (seq.tokens.clone(), seq.cache.capacity())
+}
+
+/// A cache that starts small and grows while the sequence decodes gives the tokens of one
+/// sized for the whole run, plain and with drafts (which must find room for their rows).
+#[test]
+fn a_cache_that_grows_gives_the_output_of_a_whole_one() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
+    let lm = LoadedModel::load(&path).unwrap();
+    // A repetitive prompt, so that the n-gram drafter proposes.
+    let prompt: Vec<u32> = (0..48).map(|i| 20 + (i % 12) * 5).collect();
+    for k in [0usize, 6] {
+        let config = GenerationConfig {
+            max_new_tokens: 150,
+            speculation: SpecConfig {
+                num_speculative_tokens: k,
+                adaptive: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (whole, whole_size) = run(&lm, &prompt, &config, 10_000);
+        let (grown, grown_size) = run(&lm, &prompt, &config, 3);
+        assert_eq!(whole, grown, "k = {k}: a grown cache changed the output");
+        let generated = grown.len() - prompt.len();
+        assert!(
+            generated > 3,
+            "k = {k}: too short to grow ({generated} tokens)"
+        );
+        assert_eq!(
+            whole_size,
+            prompt.len() + 150,
+            "k = {k}: sized to what it can reach"
+        );
+        assert!(
+            grown_size >= prompt.len() + generated && grown_size <= whole_size,
+            "k = {k}: grew to {grown_size}"
+        );
+    }
+}
+
+#[test]
+fn stop_strings_are_found_across_pushes() {
+    let stops = vec!["END".to_string(), "\n\n".to_string()];
+    assert_eq!(find_stop("abcEN", 3, &stops), None);
+    assert_eq!(find_stop("abcEND", 5, &stops), Some((3, 0)));
+    assert_eq!(find_stop("a\n\nb", 2, &stops), Some((1, 1)));
+    assert_eq!(safe_len("abcEN", &stops), 3);
+    assert_eq!(safe_len("abc\n", &stops), 3);
+    assert_eq!(safe_len("abc", &stops), 3);
+    assert_eq!(safe_len("héE", &stops), "hé".len());
+}
