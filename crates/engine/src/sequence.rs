@@ -77,7 +77,28 @@ impl Sequence {
         config: GenerationConfig,
         context_len: usize,
     ) -> Result<Self> {
-        Sequence::with_first_room(model, prompt, config, context_len, FIRST_ROOM)
+        Sequence::with_first_room(model, prompt, config, context_len, FIRST_ROOM, None)
+    }
+
+    /// `new`, its cache taken from `spare` (an ended sequence's, `take_cache`) where that holds
+    /// enough, instead of a new one: a server reuses caches from one request to the next, so
+    /// that their memory is not given back and committed again (page faults that cost seconds
+    /// on a VM). What a spare held past its new length is never read as a position: such rows
+    /// are the ones rejected drafts leave behind in any cache. `spare` is dropped if unused.
+    pub fn reusing(
+        model: &Model,
+        prompt: Vec<u32>,
+        config: GenerationConfig,
+        context_len: usize,
+        spare: Option<KvCache>,
+    ) -> Result<Self> {
+        Sequence::with_first_room(model, prompt, config, context_len, FIRST_ROOM, spare)
+    }
+
+    /// An ended sequence's cache, for `reusing` (this sequence is left with an empty one).
+    pub fn take_cache(&mut self) -> KvCache {
+        let empty = KvCache::new(self.cache.shape(), 0);
+        std::mem::replace(&mut self.cache, empty)
     }
 
     /// `new`, the cache first holding the prompt and `first_room` more positions.
@@ -87,6 +108,7 @@ impl Sequence {
         config: GenerationConfig,
         context_len: usize,
         first_room: usize,
+        spare: Option<KvCache>,
     ) -> Result<Self> {
         config.validate()?;
         let capacity = context_len.min(model.config.context_len);
@@ -134,6 +156,13 @@ impl Sequence {
         // VM).
         let reach = capacity.min(prompt.len().saturating_add(config.max_new_tokens));
         let first = reach.min(prompt.len() + first_room);
+        let cache = match spare {
+            Some(mut c) if c.shape() == model.kv_shape() && c.capacity() >= first => {
+                c.truncate(0);
+                c
+            }
+            _ => model.new_cache(first),
+        };
         let rng = match config.seed {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
@@ -143,7 +172,7 @@ impl Sequence {
             cached_tokens: 0,
             prompt_offered: 0,
             tokens: prompt,
-            cache: model.new_cache(first),
+            cache,
             reach,
             drafter,
             draft_limit: usize::MAX,

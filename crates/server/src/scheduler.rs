@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::tenant::{namespaces, Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
+use engine::kv_cache::KvCache;
 use engine::{step, FinishReason, GenerationConfig, LoadedModel, PrefixCache, Sequence, SpecStats};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -150,7 +151,26 @@ struct EngineLoop<'a> {
     prefix: PrefixCache,
     metrics: &'a Metrics,
     running: Vec<Running>,
+    /// Caches of ended requests, largest last, for the next ones (`Sequence::reusing`): kept
+    /// committed rather than given back and faulted in again at every request.
+    spares: Vec<KvCache>,
     cost: PassCost,
+}
+
+/// How many ended requests' caches the engine keeps for later ones.
+const SPARE_CACHES: usize = 2;
+
+/// Keeps `cache` among `spares` (largest last), at most `SPARE_CACHES` of them: the smallest
+/// goes.
+fn keep_spare(spares: &mut Vec<KvCache>, cache: KvCache) {
+    if cache.capacity() == 0 {
+        return;
+    }
+    let at = spares.partition_point(|c| c.capacity() <= cache.capacity());
+    spares.insert(at, cache);
+    if spares.len() > SPARE_CACHES {
+        spares.remove(0);
+    }
 }
 
 fn engine_loop(
@@ -170,6 +190,7 @@ fn engine_loop(
         prefix,
         metrics,
         running: Vec::new(),
+        spares: Vec::new(),
         cost: measure_cost(lm),
     };
     loop {
@@ -243,7 +264,8 @@ impl EngineLoop<'_> {
     /// Cancellation: a closed channel means the client is gone.
     fn drop_cancelled(&mut self) {
         let (metrics, prefix, namespaces) = (self.metrics, &mut self.prefix, &self.namespaces);
-        self.running.retain(|r| {
+        let spares = &mut self.spares;
+        self.running.retain_mut(|r| {
             let gone = r.events.is_closed();
             if gone {
                 // What a cancelled request generated was still generated, and its rows stay
@@ -252,6 +274,7 @@ impl EngineLoop<'_> {
                     .generation_tokens
                     .fetch_add(r.seq.generated_tokens().len() as u64, Ordering::Relaxed);
                 r.seq.keep_prefix(prefix, namespaces[r.tenant.0]);
+                keep_spare(spares, r.seq.take_cache());
             }
             !gone
         });
@@ -371,7 +394,7 @@ impl EngineLoop<'_> {
     /// logged, reported.
     fn finish_done(&mut self, now: Instant) {
         let (metrics, corpora, prefix) = (self.metrics, &self.corpora, &mut self.prefix);
-        let namespaces = &self.namespaces;
+        let (namespaces, spares) = (&self.namespaces, &mut self.spares);
         self.running.retain_mut(|r| {
             let Some(reason) = r.seq.finish_reason() else {
                 return true;
@@ -408,6 +431,7 @@ impl EngineLoop<'_> {
                 completion_tokens: completion,
                 stop: r.seq.stopped_by().map(str::to_string),
             });
+            keep_spare(spares, r.seq.take_cache());
             false
         });
     }
@@ -421,7 +445,8 @@ impl EngineLoop<'_> {
         metrics
             .prompt_tokens
             .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-        match Sequence::new(&self.lm.model, job.prompt, job.config, self.ctx) {
+        let spare = self.spares.pop();
+        match Sequence::reusing(&self.lm.model, job.prompt, job.config, self.ctx, spare) {
             Ok(mut seq) => {
                 self.corpora.attach(job.tenant, &mut seq);
                 seq.reuse_prefix(&mut self.prefix, self.namespaces[job.tenant.0]);
@@ -445,6 +470,23 @@ impl EngineLoop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_spare_caches_are_kept() {
+        use engine::kv_cache::{KvDtype, KvShape};
+        let shape = KvShape {
+            n_layer: 1,
+            kv_dim: 4,
+            hd: 4,
+            dtype: KvDtype::F32,
+        };
+        let mut spares = Vec::new();
+        for n in [30, 0, 10, 50, 20] {
+            keep_spare(&mut spares, KvCache::new(shape, n));
+        }
+        let kept: Vec<usize> = spares.iter().map(|c| c.capacity()).collect();
+        assert_eq!(kept, [30, 50], "the two largest, largest last");
+    }
 
     #[test]
     fn draft_cap_shrinks_with_the_batch() {

@@ -12,8 +12,15 @@ fn run(
     first_room: usize,
 ) -> (Vec<u32>, usize) {
     let (model, tok) = (&lm.model, &lm.tokenizer);
-    let mut seq =
-        Sequence::with_first_room(model, prompt.to_vec(), config.clone(), 256, first_room).unwrap();
+    let mut seq = Sequence::with_first_room(
+        model,
+        prompt.to_vec(),
+        config.clone(),
+        256,
+        first_room,
+        None,
+    )
+    .unwrap();
     while !seq.is_finished() {
         step(model, tok, &mut [&mut seq]).unwrap();
     }
@@ -68,4 +75,49 @@ fn stop_strings_are_found_across_pushes() {
     assert_eq!(safe_len("abc\n", &stops), 3);
     assert_eq!(safe_len("abc", &stops), 3);
     assert_eq!(safe_len("héE", &stops), "hé".len());
+}
+
+/// A sequence on a spare cache, one that another sequence filled and left, gives the tokens it
+/// gives on a new cache, plain and with drafts; and it does take the spare.
+#[test]
+fn a_reused_cache_gives_the_output_of_a_new_one() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
+    let lm = LoadedModel::load(&path).unwrap();
+    let (model, tok) = (&lm.model, &lm.tokenizer);
+    let first: Vec<u32> = (0..90).map(|i| 7 + (i % 17) * 3).collect();
+    let second: Vec<u32> = (0..40).map(|i| 30 + (i % 9) * 4).collect();
+    for k in [0usize, 6] {
+        let config = GenerationConfig {
+            max_new_tokens: 100,
+            speculation: SpecConfig {
+                num_speculative_tokens: k,
+                adaptive: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let finish = |seq: &mut Sequence| {
+            while !seq.is_finished() {
+                step(model, tok, &mut [&mut *seq]).unwrap();
+            }
+        };
+        let mut filler = Sequence::new(model, first.clone(), config.clone(), 256).unwrap();
+        finish(&mut filler);
+        let spare = filler.take_cache();
+        let filled = spare.capacity();
+        let mut fresh = Sequence::new(model, second.clone(), config.clone(), 256).unwrap();
+        finish(&mut fresh);
+        let mut reused =
+            Sequence::reusing(model, second.clone(), config.clone(), 256, Some(spare)).unwrap();
+        assert_eq!(
+            reused.cache.capacity(),
+            filled,
+            "k = {k}: the spare was not taken"
+        );
+        finish(&mut reused);
+        assert_eq!(
+            fresh.tokens, reused.tokens,
+            "k = {k}: a reused cache changed the output"
+        );
+    }
 }
