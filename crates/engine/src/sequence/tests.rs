@@ -3,6 +3,20 @@ use crate::step::step;
 use crate::LoadedModel;
 use drafting::SpecConfig;
 
+/// Greedy decoding of up to `max_new_tokens`, with drafts of up to `k` tokens (0: none), every
+/// draft verified whatever the timings.
+fn greedy(k: usize, max_new_tokens: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens,
+        speculation: SpecConfig {
+            num_speculative_tokens: k,
+            adaptive: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 /// Runs `prompt` to the end with the cache first holding `first_room` positions past it;
 /// returns the tokens and the cache's final size.
 fn run(
@@ -36,15 +50,7 @@ fn a_cache_that_grows_gives_the_output_of_a_whole_one() {
     // A repetitive prompt, so that the n-gram drafter proposes.
     let prompt: Vec<u32> = (0..48).map(|i| 20 + (i % 12) * 5).collect();
     for k in [0usize, 6] {
-        let config = GenerationConfig {
-            max_new_tokens: 150,
-            speculation: SpecConfig {
-                num_speculative_tokens: k,
-                adaptive: false,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let config = greedy(k, 150);
         let (whole, whole_size) = run(&lm, &prompt, &config, 10_000);
         let (grown, grown_size) = run(&lm, &prompt, &config, 3);
         assert_eq!(whole, grown, "k = {k}: a grown cache changed the output");
@@ -87,15 +93,7 @@ fn a_reused_cache_gives_the_output_of_a_new_one() {
     let first: Vec<u32> = (0..90).map(|i| 7 + (i % 17) * 3).collect();
     let second: Vec<u32> = (0..40).map(|i| 30 + (i % 9) * 4).collect();
     for k in [0usize, 6] {
-        let config = GenerationConfig {
-            max_new_tokens: 100,
-            speculation: SpecConfig {
-                num_speculative_tokens: k,
-                adaptive: false,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let config = greedy(k, 100);
         let finish = |seq: &mut Sequence| {
             while !seq.is_finished() {
                 step(model, tok, &mut [&mut *seq]).unwrap();
