@@ -605,6 +605,8 @@ pub(crate) unsafe fn attend_rows_amx(
     if let Some(m) = tree {
         let from = m.start / BLOCK * BLOCK;
         let mut at = Vec::with_capacity(2 * BLOCK);
+        // A tree's gathered blocks are in scratch: nothing to prefetch.
+        let mut no_ahead = Ahead::NONE;
         let gathered = Block {
             keys: s.keys,
             key_row: 4 * BLOCK,
@@ -620,18 +622,8 @@ pub(crate) unsafe fn attend_rows_amx(
                 for h0 in (0..group).step_by(GROUP * T) {
                     let n = (group - h0).min(GROUP * T);
                     seen[..n].fill(b.len());
-                    let mut none = Ahead::NONE;
-                    let ahead = &mut none;
-                    block_tiles(
-                        &s,
-                        gathered,
-                        hd,
-                        r * group + h0,
-                        &seen[..n],
-                        scale,
-                        po,
-                        ahead,
-                    );
+                    let j0 = r * group + h0;
+                    block_tiles(&s, gathered, hd, j0, &seen[..n], scale, po, &mut no_ahead);
                 }
             }
         }
