@@ -108,9 +108,28 @@ fn time_heads<'a>(
             best = best.min(t.elapsed().as_secs_f64() * threads as f64 / n as f64);
         }
         let macs = (rows * group * len * hd * 2) as f64;
+        // The bits of the first head's outputs, to tell whether two builds compute the same.
+        let mut out = vec![0f32; rows * group * hd];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = head(0);
+        attend_rows(
+            isa,
+            &q,
+            q_stride,
+            rows,
+            kv,
+            scale,
+            None,
+            None,
+            &mut Vec::new(),
+            &mut out,
+        );
+        let bits = out.iter().fold(0xcbf29ce484222325u64, |h, x| {
+            (h ^ x.to_bits() as u64).wrapping_mul(0x100000001b3)
+        });
         println!(
             "{isa:?} rows {rows} len {len} {label} ({:.1} MB over {n} heads): {:.1} us per kv \
-             head ({:.1} G multiply-adds/s, {:.1} GB/s)",
+             head ({:.1} G multiply-adds/s, {:.1} GB/s), outputs {bits:016x}",
             n as f64 * bytes / 1e6,
             best * 1e6,
             macs / best / 1e9,
@@ -159,16 +178,40 @@ fn run<E: KvElem>(s: &Shape, dtype: &str) {
     // Room for the whole blocks that bf16 tiles read, as the cache has.
     let room = len.next_multiple_of(64) + 64;
     let key_stride = per_line * (room.div_ceil(per_line) | 1);
-    let stored = |v: Vec<f32>| -> Vec<E> { v.into_iter().map(E::from_f32).collect() };
-    let heads: Vec<(Vec<E>, Vec<E>)> = (0..copies)
+    let stored = |v: Vec<f32>| in_huge_pages(v.into_iter().map(E::from_f32));
+    let heads: Vec<(Numbers, Numbers)> = (0..copies)
         .map(|c| {
             let keys = stored(fill(hd * key_stride, 7919 + c));
             (keys, stored(fill(room * hd, 7907 + c)))
         })
         .collect();
     let head = |i: usize| {
-        let (keys, values) = (&heads[i].0, &heads[i].1);
+        let (keys, values) = (heads[i].0.as_slice::<E>(), heads[i].1.as_slice::<E>());
         KvHead::new(keys, values, key_stride, hd, hd, len)
     };
     time_heads(s, copies, head, dtype, (2 * len * hd * size) as f64);
+}
+
+/// Numbers in an anonymous mapping advised to huge pages, as the model's KV cache holds them (at
+/// long context a block's key rows lie a row of positions apart: with 4 KiB pages each would
+/// take its own translation).
+struct Numbers(memmap2::MmapMut);
+
+impl Numbers {
+    fn as_slice<E: bytemuck::Pod>(&self) -> &[E] {
+        bytemuck::cast_slice(&self.0[..])
+    }
+}
+
+fn in_huge_pages<E: bytemuck::Pod>(numbers: impl ExactSizeIterator<Item = E>) -> Numbers {
+    let mut map = memmap2::MmapMut::map_anon(numbers.len() * std::mem::size_of::<E>()).unwrap();
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    for (to, x) in bytemuck::cast_slice_mut::<u8, E>(&mut map[..])
+        .iter_mut()
+        .zip(numbers)
+    {
+        *to = x;
+    }
+    Numbers(map)
 }

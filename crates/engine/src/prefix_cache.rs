@@ -144,7 +144,10 @@ impl PrefixCache {
         if budget_bytes == 0 {
             anyhow::bail!("a prefix cache directory needs the prefix cache on (its budget is 0)");
         }
-        let key = model_key(model_path, shape).map_err(|e| {
+        let bf16 = shape.dtype == crate::kv_cache::KvDtype::Bf16;
+        let arithmetic =
+            crate::kernels::attention_arithmetic(crate::kernels::isa(), shape.hd, bf16);
+        let key = model_key(model_path, shape, arithmetic).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read {} to key its cached blocks: {e}",
                 model_path.display()

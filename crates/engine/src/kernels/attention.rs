@@ -476,6 +476,19 @@ pub fn tiles_attend(isa: Isa, hd: usize) -> bool {
     false
 }
 
+/// The arithmetic `attend_rows` computes with on `isa` over a cache of `hd`-long heads (bf16 or
+/// not), by name: the keys and values a prefix cache keeps on disk were computed with it, and
+/// are used again only under the same name. Every implementation but the tiles gives the plain
+/// version's bits; the name of the tiles' arithmetic changes whenever their bits do.
+pub fn attention_arithmetic(isa: Isa, hd: usize, bf16_cache: bool) -> &'static str {
+    match bf16_cache && tiles_attend(isa, hd) {
+        // Blocks of 256 positions and `exp_tile` since 2026-12-05 (blocks of 64 and the vector
+        // kernels' exponential before).
+        true => "bf16 tiles 2",
+        false => "plain",
+    }
+}
+
 /// `attend_plain` with the CPU's fused multiply-add instruction where it has one: the same bits
 /// as the library's `mul_add` without it, many times faster.
 fn attend_plain_fused<E: KvElem>(

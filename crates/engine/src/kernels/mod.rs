@@ -50,7 +50,8 @@ mod x86;
 
 pub(crate) use attention::ATTENTION_BLOCK;
 pub use attention::{
-    attend, attend_rows, attend_with, tiles_attend, KvElem, KvElems, KvHead, KvStored, TreeMask,
+    attend, attend_rows, attend_with, attention_arithmetic, tiles_attend, KvElem, KvElems, KvHead,
+    KvStored, TreeMask,
 };
 pub use bandwidth::{amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
 pub use dtype::TensorType;

@@ -2,7 +2,8 @@
 //! so that a restarted process starts from the prefixes an earlier one computed.
 //!
 //! A block's file is named by its chain hash, xxh3-128 over the model key (the model file's hash
-//! with the cache's shape and number type), the tenant's namespace, the chain hash of the block
+//! with the cache's shape and number type and the name of attention's arithmetic), the tenant's
+//! namespace, the chain hash of the block
 //! before it and its tokens: what finds a block in memory finds it on disk. The file repeats the
 //! model key, the namespace, the parent's hash and the tokens, and a read compares them all, so
 //! neither a collision nor a file of another model or tenant is ever used.
@@ -71,9 +72,11 @@ impl BlockName {
     }
 }
 
-/// The key of a model's blocks: xxh3-128 of its file, its cache's shape and number type. Reads
-/// the whole file once (about a third of a second per GB from the page cache).
-pub fn model_key(path: &Path, shape: KvShape) -> io::Result<u128> {
+/// The key of a model's blocks: xxh3-128 of its file, its cache's shape and number type, and
+/// the name of the arithmetic attention computed them with (`kernels::attention_arithmetic`), so
+/// that a process never continues from keys and values whose bits it would not have computed
+/// itself. Reads the whole file once (about a third of a second per GB from the page cache).
+pub fn model_key(path: &Path, shape: KvShape, arithmetic: &str) -> io::Result<u128> {
     let mut file = File::open(path)?;
     let mut hasher = Xxh3::new();
     let mut buf = vec![0u8; 4 << 20];
@@ -88,6 +91,8 @@ pub fn model_key(path: &Path, shape: KvShape) -> io::Result<u128> {
         hasher.update(&(n as u64).to_le_bytes());
     }
     hasher.update(shape.dtype.name().as_bytes());
+    hasher.update(&(arithmetic.len() as u64).to_le_bytes());
+    hasher.update(arithmetic.as_bytes());
     Ok(hasher.digest128())
 }
 

@@ -3,7 +3,7 @@
 //! batch of rows and as a node of a draft tree.
 
 use super::*;
-use crate::kernels::attention::{ElemKind, ATTENTION_BLOCK};
+use crate::kernels::attention::ElemKind;
 use crate::kernels::elementwise::exp_lane;
 use half::bf16;
 
@@ -292,6 +292,7 @@ fn attention_over_rows_equals_each_row_alone_for<E: KvElem>() {
         (64, 7, 300, 8, 128),
         (64, 2, 300, 100, 64),
         (128, 6, 200, 70, 128),
+        (128, 6, 1100, 40, 128),
     ] {
         let q_stride = group * hd + 16;
         let q = random_vec((rows - 1) * q_stride + group * hd, 31 + hd as u64);
@@ -347,6 +348,7 @@ fn tree_rows_equal_their_path_alone_for<E: KvElem>() {
         (64, 7, 127, 64, 5),
         (64, 2, 64, 20, 6),
         (128, 6, 250, 9, 7),
+        (128, 2, 700, 40, 8),
     ] {
         let len = start + rows;
         let stride = hd + 8;
@@ -437,6 +439,45 @@ fn the_weights_exponential_is_accurate() {
     }
 }
 
+/// The tiles' exponential (`amx_softmax::exp_tile`) is e^x within a few units in the last place
+/// for the x <= 0 it is given, the same as its plain spelling in `tiles_plain` to a unit in the
+/// last place, and a small positive number, never NaN, from -87 down to -inf.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_tiles_exponential_is_accurate() {
+    if !tiles_attend(Isa::Amx, 64) {
+        eprintln!("skipped: no AMX-BF16 here");
+        return;
+    }
+    let mut x: Vec<f32> = random_vec(4096, 78)
+        .iter()
+        .map(|v| -(v.abs()) * 87.0)
+        .collect();
+    x.extend([0.0, -0.0, -1e-30, -0.3465, -0.3466, -86.9]);
+    x.resize(x.len().next_multiple_of(16), -1.0);
+    for chunk in x.chunks(16) {
+        // SAFETY: `tiles_attend` holds, so the CPU has AVX-512 F.
+        let got = unsafe { crate::kernels::x86::exp_tile_of(chunk.try_into().unwrap()) };
+        for (&v, &g) in chunk.iter().zip(&got) {
+            let want = (v as f64).exp();
+            assert!(
+                ((g as f64 - want) / want).abs() < 4e-7,
+                "e^{v}: {g} vs {want}"
+            );
+            let plain = exp_tile(v);
+            assert!(
+                (g - plain).abs() <= f32::EPSILON * plain,
+                "e^{v}: {g} vs plain {plain}"
+            );
+        }
+    }
+    let low = [-87.0f32, -88.0, -1e6, f32::NEG_INFINITY].repeat(4);
+    // SAFETY: as above.
+    for g in unsafe { crate::kernels::x86::exp_tile_of(low.as_slice().try_into().unwrap()) } {
+        assert!(g > 0.0 && g < 1e-37, "clamped: {g}");
+    }
+}
+
 /// The tiles' softmax reduces sixteen queries' sums at once, each in its own lane with the bits
 /// `_mm512_reduce_add_ps` gives that query's sum alone (so a row's result still does not depend
 /// on the rows beside it).
@@ -465,11 +506,12 @@ fn sums_reduced_together_equal_each_alone() {
     }
 }
 
-/// The arithmetic of attention on bf16 tiles, plainly: the query rounded to bf16, each score a
-/// sum of exact bf16 products in f32 scaled, the online softmax of `attend_plain` over blocks,
-/// each block's weights rounded to bf16, the output rescaled and its weighted values added to it
-/// in f32. The tiles add their products in an order of their own, so the kernel agrees
-/// with this to rounding, not bit for bit.
+/// The arithmetic of attention on bf16 tiles, plainly: the query times the scale rounded to
+/// bf16, each score a sum of exact bf16 products in f32, the online softmax of `attend_plain`
+/// over the tiles' blocks (`TILE_BLOCK` positions) with the tiles' exponential (`exp_tile`), each
+/// block's weights rounded to bf16, the output rescaled and its weighted values added to it in
+/// f32. The tiles add their products in an order of their own, so the kernel agrees with this
+/// to rounding, not bit for bit.
 #[cfg(target_arch = "x86_64")]
 fn tiles_plain(
     qh: &[f32],
@@ -480,24 +522,27 @@ fn tiles_plain(
 ) -> Vec<f32> {
     let (key_stride, value_stride) = strides;
     let hd = qh.len();
-    let q: Vec<f32> = qh.iter().map(|&x| bf16::from_f32(x).to_f32()).collect();
+    let q: Vec<f32> = qh
+        .iter()
+        .map(|&x| bf16::from_f32(x * scale).to_f32())
+        .collect();
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
     let mut out = vec![0f32; hd];
-    for b0 in (0..len).step_by(ATTENTION_BLOCK) {
-        let block: Vec<usize> = (b0..len.min(b0 + ATTENTION_BLOCK)).collect();
+    let step = crate::kernels::x86::TILE_BLOCK;
+    for b0 in (0..len).step_by(step) {
+        let block: Vec<usize> = (b0..len.min(b0 + step)).collect();
         let mut w: Vec<f32> = block
             .iter()
             .map(|&t| {
-                let dot = (0..hd).fold(0f32, |a, i| {
+                (0..hd).fold(0f32, |a, i| {
                     a + q[i] * keys[bf16::key_at(i, t, key_stride)].to_f32()
-                });
-                dot * scale
+                })
             })
             .collect();
         let block_max = w.iter().copied().fold(max, f32::max);
-        let rescale = exp_lane(max - block_max);
+        let rescale = exp_tile(max - block_max);
         for x in w.iter_mut() {
-            *x = exp_lane(*x - block_max);
+            *x = exp_tile(*x - block_max);
         }
         sum = sum.mul_add(rescale, w.iter().sum::<f32>());
         max = block_max;
@@ -509,6 +554,19 @@ fn tiles_plain(
         }
     }
     out.iter().map(|o| o / sum).collect()
+}
+
+/// The steps of the tiles' exponential (`amx_softmax::exp_tile`) on one number.
+#[cfg(target_arch = "x86_64")]
+fn exp_tile(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(0.693_145_75, x);
+    let r = (-n).mul_add(1.428_606_8e-6, r);
+    let p = [120.0f32, 24.0, 6.0, 2.0, 1.0, 1.0]
+        .iter()
+        .fold(1.0f32 / 720.0, |p, c| p.mul_add(r, 1.0 / c));
+    p * 2f32.powi(n as i32)
 }
 
 /// Where attention runs on bf16 tiles: every row of a pass agrees with `tiles_plain` to within

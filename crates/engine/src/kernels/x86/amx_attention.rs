@@ -2,18 +2,23 @@
 //! weighted values are tile products (`tdpbf16ps`: bf16 pairs, f32 sums), the online softmax
 //! between them runs on 512-bit registers.
 //!
-//! The sweep over the positions is the one of the vector kernels (`x86::attention`): blocks of
-//! `ATTENTION_BLOCK` positions at multiples of it, a running maximum and sum per query, earlier
-//! outputs rescaled when the maximum grows. A bf16 cache holds its numbers in the tiles' pairs
-//! (`KvElem::PAIRED`: pairs of key dimensions along the positions, pairs of positions along the
-//! value dimensions), so the tiles load keys and values straight from it. For each block:
-//! - per tile of sixteen queries (in bf16, rounded once per call): the 16 x 64 scores in four
-//!   tile products per 32 dimensions; then per query the scores scaled and turned into weights
-//!   (`amx_softmax::tile_weights`, for the tile's queries at once: positions a query does not
-//!   see weigh zero), rounded to bf16; then the 16 x `hd` weighted values of the block in tile
-//!   products over its 64 positions, added by the tiles to the outputs they load (rescaled first
-//!   where a query's maximum grew). Up to `GROUP` tiles go through each phase together, two at a
-//!   time where there are two, so that each tile of keys or values loaded serves both.
+//! The sweep over the positions is that of the vector kernels (`x86::attention`) in blocks of
+//! `BLOCK` (256) positions at multiples of it, four of theirs: a running maximum and sum per
+//! query, earlier outputs rescaled when the maximum grows. Each output tile loaded then gathers
+//! 256 positions' weighted values before it is stored (with 64, loading and storing the outputs
+//! held the tiles up more than their products), and the maximum and sum are reduced once for
+//! them. A bf16 cache holds its numbers in the tiles' pairs (`KvElem::PAIRED`: pairs of key
+//! dimensions along the positions, pairs of positions along the value dimensions), so the tiles
+//! load keys and values straight from it. For each block, only as far as the vector kernels'
+//! blocks (64) that some query sees, as the cache holds those whole:
+//! - per tile of sixteen queries (times the scale, in bf16, rounded once per call): the scores in
+//!   four tile products per 32 dimensions and 64 positions; then per query the scores turned
+//!   into weights (`amx_softmax::tile_weights`, for the tile's queries at once, with an
+//!   exponential of its own, `exp_tile`: positions a query does not see weigh zero), rounded to
+//!   bf16; then the 16 x `hd` weighted values of the block in tile products over its positions,
+//!   added by the tiles to the outputs they load (rescaled first where a query's maximum grew).
+//!   Up to `GROUP` tiles go through each phase together, two at a time where there are two, so
+//!   that each tile of keys or values loaded serves both.
 //!
 //! A tile's rows are computed independently of one another (each output of a tile product reads
 //! one row of A and one column of B), and a query's positions fall in the same blocks whatever
@@ -27,7 +32,7 @@
 
 use super::amx::{load_config, release, Config};
 use super::amx_softmax::{store_bf16, tile_weights};
-use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
+use crate::kernels::attention::ATTENTION_BLOCK;
 use crate::kernels::attention::{normalize, KvOf, KvStored, TreeMask};
 use half::bf16;
 use std::arch::asm;
@@ -37,11 +42,17 @@ use std::sync::OnceLock;
 /// Query rows per tile.
 const T: usize = 16;
 
+/// Positions taken at a time on tiles: four of the vector kernels' blocks, so that each output
+/// tile loaded gathers the weighted values of 256 positions before it is stored, and each
+/// query's maximum and sum are reduced once for them. Blocks start at multiples of this in the
+/// positions a row sees, so a row's result never depends on what shares its pass.
+pub(crate) const BLOCK: usize = 4 * ATTENTION_BLOCK;
+
 /// Query tiles taken through a block together (`block_tiles`).
 const GROUP: usize = 4;
 
-/// How many positions ahead a block's keys are prefetched: two blocks.
-const AHEAD: usize = 2 * BLOCK;
+/// How many positions ahead a block's keys and values are prefetched: one block.
+const AHEAD: usize = BLOCK;
 
 /// Whether attention may run on bf16 tiles: the CPU has AMX-BF16 and AVX512_BF16 and the process
 /// the tile state (`amx::permission`). Asked once.
@@ -168,10 +179,10 @@ unsafe fn store(n: usize, p: *mut f32, stride: usize) {
 }
 
 /// The 64-byte aligned working space of one call, carved from the caller's scratch vector:
-/// queries in bf16 (`rows` of `hd`), a tree row's gathered keys (`hd / 2` rows of 64 position
-/// pairs) and values (32 rows of `hd` dimension pairs), `GROUP` tiles' scores (16 x 64 f32 each)
-/// and weights (16 x 64 bf16), the outputs of a tile of fewer than sixteen queries (16 x `hd`
-/// f32), and each query's running maximum and sum.
+/// queries in bf16 (`rows` of `hd`), a tree row's gathered keys (`hd / 2` rows of `BLOCK`
+/// position pairs) and values (`BLOCK / 2` rows of `hd` dimension pairs), `GROUP` tiles' scores
+/// (16 x `BLOCK` f32 each) and weights (16 x `BLOCK` bf16), the outputs of a tile of fewer than
+/// sixteen queries (16 x `hd` f32), and each query's running maximum and sum.
 struct Scratch {
     queries: *mut u16,
     keys: *mut u16,
@@ -232,7 +243,7 @@ impl Scratch {
 /// lines at a time between its tile products (`some`) and the rest at its end (`rest`). Each
 /// block reads `hd / 2` rows of key pairs far apart, more streams than the hardware prefetchers
 /// follow, and its values, one run, are read by tile loads, which do not seem to start those
-/// prefetchers. Issued all at once, a block's 512 prefetches (at 128 dimensions) wait on the
+/// prefetchers. Issued all at once, a block's 2,048 prefetches (at 128 dimensions) wait on the
 /// few line-fill buffers and hold up the products: streaming memory under a block's worth of
 /// arithmetic measured 1.25x faster with them spread out.
 struct Ahead {
@@ -264,9 +275,9 @@ impl Ahead {
         if t + BLOCK > kv.len {
             return Ahead::NONE;
         }
-        // Keys: `hd / 2` pair rows of 4 lines from position t's pair; values: positions
-        // t..t + BLOCK of a paired head, BLOCK * value_stride numbers from t's.
-        let key_lines = kv.hd / 2 * 4;
+        // Keys: `hd / 2` pair rows of `BLOCK / 16` lines from position t's pair; values:
+        // positions t..t + BLOCK of a paired head, BLOCK * value_stride numbers from t's.
+        let key_lines = kv.hd / 2 * (BLOCK / 16);
         Ahead {
             keys: kv.keys.as_ptr().wrapping_add(2 * t) as *const i8,
             key_row: 4 * kv.key_stride,
@@ -283,8 +294,9 @@ impl Ahead {
         let end = (self.next + n).min(self.lines);
         for l in self.next..end {
             let p = if l < self.key_lines {
+                let per_row = BLOCK / 16;
                 self.keys
-                    .wrapping_add((l / 4) * self.key_row + 64 * (l % 4))
+                    .wrapping_add((l / per_row) * self.key_row + 64 * (l % per_row))
             } else {
                 self.values.wrapping_add(64 * (l - self.key_lines))
             };
@@ -359,14 +371,19 @@ unsafe fn block_tiles(
     hd: usize,
     j0: usize,
     seen: &[usize],
-    scale: f32,
     out: *mut f32,
     ahead: &mut Ahead,
 ) {
     let tiles = seen.len().div_ceil(T);
+    // The positions computed: the vector kernels' blocks that some query sees (the cache holds
+    // whole ones of those).
+    let reach = seen
+        .iter()
+        .max()
+        .map_or(0, |&n| n.next_multiple_of(ATTENTION_BLOCK));
     // Each query's factor for what earlier blocks left in its output.
     let mut rescale = [0f32; GROUP * T];
-    scores(s, b, hd, j0, tiles, ahead);
+    scores(s, b, hd, j0, tiles, reach, ahead);
     for q in 0..tiles {
         let (i0, i1) = (q * T, seen.len().min(q * T + T));
         let j = j0 + i0;
@@ -374,7 +391,7 @@ unsafe fn block_tiles(
             s.scores.add(i0 * BLOCK),
             s.weights.add(i0 * BLOCK),
             &seen[i0..i1],
-            scale,
+            reach,
             (s.max.add(j), s.sum.add(j)),
             &mut rescale[i0..i1],
         );
@@ -390,13 +407,21 @@ unsafe fn block_tiles(
             }
         }
     }
-    weighted_values(s, b, hd, j0, seen.len(), out, ahead);
+    weighted_values(s, b, hd, j0, (seen.len(), reach), out, ahead);
 }
 
-/// The block's scores of the query tiles `0..tiles` from `j0` into `s.scores` (16 x 64 per
+/// The block's scores of the query tiles `0..tiles` from `j0` into `s.scores` (16 x `BLOCK` per
 /// tile).
 #[inline(always)]
-unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize, ahead: &mut Ahead) {
+unsafe fn scores(
+    s: &Scratch,
+    b: Block,
+    hd: usize,
+    j0: usize,
+    tiles: usize,
+    reach: usize,
+    ahead: &mut Ahead,
+) {
     // Four tiles of sixteen positions, over the dimensions 32 at a time; two tiles of queries
     // at a time where there are two, so that each tile of keys serves both.
     let mut q = 0;
@@ -404,7 +429,7 @@ unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize, ahea
         let queries = s.queries.add((j0 + q * T) * hd);
         let scores = s.scores.add(q * T * BLOCK);
         if q + 1 < tiles {
-            for n0 in [0, 2] {
+            for n0 in (0..reach / 16).step_by(2) {
                 for n in 0..4 {
                     zero(n);
                 }
@@ -421,37 +446,39 @@ unsafe fn scores(s: &Scratch, b: Block, hd: usize, j0: usize, tiles: usize, ahea
             q += 2;
             continue;
         }
-        for n in 0..4 {
-            zero(n);
-        }
-        for c in 0..hd / 32 {
-            load_a(c % 2, queries.add(32 * c), 2 * hd);
+        for n0 in (0..reach / 16).step_by(4) {
             for n in 0..4 {
-                dot(
-                    n,
-                    c % 2,
-                    b.keys.add(16 * c * b.key_row / 2 + 32 * n),
-                    b.key_row,
-                );
-                ahead.some();
+                zero(n);
             }
-        }
-        for n in 0..4 {
-            store(n, scores.add(16 * n), 4 * BLOCK);
+            for c in 0..hd / 32 {
+                load_a(c % 2, queries.add(32 * c), 2 * hd);
+                for n in 0..4 {
+                    dot(
+                        n,
+                        c % 2,
+                        b.keys.add(16 * c * b.key_row / 2 + 32 * (n0 + n)),
+                        b.key_row,
+                    );
+                    ahead.some();
+                }
+            }
+            for n in 0..4 {
+                store(n, scores.add(16 * (n0 + n)), 4 * BLOCK);
+            }
         }
         q += 1;
     }
 }
 
-/// The block's weighted values (weights in `s.weights`) of the queries `j0..j0 + queries`, added
-/// to their outputs at `out`.
+/// The block's weighted values (weights in `s.weights`) of the queries `j0..j0 + queries` over
+/// its first `reach` positions, added to their outputs at `out`.
 #[inline(always)]
 unsafe fn weighted_values(
     s: &Scratch,
     b: Block,
     hd: usize,
     j0: usize,
-    queries: usize,
+    (queries, reach): (usize, usize),
     out: *mut f32,
     ahead: &mut Ahead,
 ) {
@@ -485,7 +512,7 @@ unsafe fn weighted_values(
                 for (n, (u, h)) in QUAD_SUMS.into_iter().enumerate() {
                     load_sums(n, c[u].add(16 * (g + h)), 4 * hd);
                 }
-                for k in 0..BLOCK / 32 {
+                for k in 0..reach / 32 {
                     let v = b.values.add(16 * k * b.value_row / 2 + 32 * g);
                     quad(
                         (weights.add(32 * k), weights.add(T * BLOCK + 32 * k)),
@@ -505,7 +532,7 @@ unsafe fn weighted_values(
                 for n in 0..m {
                     load_sums(n, last_sums.add(16 * (g + n)), 4 * hd);
                 }
-                for k in 0..BLOCK / 32 {
+                for k in 0..reach / 32 {
                     load_a(k % 2, weights.add(32 * k), 2 * BLOCK);
                     for n in 0..m {
                         let v = b.values.add(16 * k * b.value_row / 2 + 32 * (g + n));
@@ -525,23 +552,24 @@ unsafe fn weighted_values(
     }
 }
 
-/// The queries of the call in bf16, one row of `hd` each (query `j` is head `j % group` of row
-/// `j / group`), then `T` rows of zeros.
+/// The queries of the call times `scale` (so that the tiles give scaled scores) in bf16, one row
+/// of `hd` each (query `j` is head `j % group` of row `j / group`), then `T` rows of zeros.
 #[inline(always)]
 unsafe fn round_queries(
-    q: &[f32],
-    q_stride: usize,
+    (q, q_stride): (&[f32], usize),
     group: usize,
     nq: usize,
     hd: usize,
+    scale: f32,
     to: *mut u16,
 ) {
+    let scale = _mm512_set1_ps(scale);
     for j in 0..nq {
         let from = q.as_ptr().add((j / group) * q_stride + (j % group) * hd);
         for c in (0..hd).step_by(32) {
             let (a, b) = (
-                _mm512_loadu_ps(from.add(c)),
-                _mm512_loadu_ps(from.add(c + 16)),
+                _mm512_mul_ps(_mm512_loadu_ps(from.add(c)), scale),
+                _mm512_mul_ps(_mm512_loadu_ps(from.add(c + 16)), scale),
             );
             store_bf16(a, b, to.add(j * hd + c));
         }
@@ -570,7 +598,7 @@ pub(crate) unsafe fn attend_rows_amx(
     let group = out.len() / rows / hd;
     let nq = rows * group;
     let s = Scratch::new(scratch, nq, hd);
-    round_queries(q, q_stride, group, nq, hd, s.queries);
+    round_queries((q, q_stride), group, nq, hd, scale, s.queries);
     out.fill(0.0);
     let po = out.as_mut_ptr();
     let row_len = |r: usize| kv.len - (rows - 1 - r);
@@ -598,7 +626,7 @@ pub(crate) unsafe fn attend_rows_amx(
             for i in 0..n {
                 seen[i] = (swept((j0 + i) / group) - t0).min(BLOCK);
             }
-            block_tiles(&s, b, hd, j0, &seen[..n], scale, po, &mut ahead);
+            block_tiles(&s, b, hd, j0, &seen[..n], po, &mut ahead);
         }
         ahead.rest();
     }
@@ -623,7 +651,7 @@ pub(crate) unsafe fn attend_rows_amx(
                     let n = (group - h0).min(GROUP * T);
                     seen[..n].fill(b.len());
                     let j0 = r * group + h0;
-                    block_tiles(&s, gathered, hd, j0, &seen[..n], scale, po, &mut no_ahead);
+                    block_tiles(&s, gathered, hd, j0, &seen[..n], po, &mut no_ahead);
                 }
             }
         }

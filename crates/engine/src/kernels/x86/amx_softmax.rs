@@ -1,5 +1,5 @@
 //! The online softmax of a tile of sixteen queries over one block of scores, for attention on
-//! AMX tiles (`amx_attention`): each query's maximum and sum over the block's 64 positions found
+//! AMX tiles (`amx_attention`): each query's maximum and sum over the block's positions found
 //! for all sixteen at once, by a transposed reduction that leaves query `i`'s result in lane `i`
 //! of one register, instead of one horizontal reduction per query. Each lane's additions run in
 //! the order of `_mm512_reduce_add_ps` (halves of 256, of 128, then pairs), so a query's sum has
@@ -8,8 +8,7 @@
 // Queries and vectors are indexed by lane.
 #![allow(clippy::needless_range_loop)]
 
-use super::elementwise::exp16;
-use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
+use super::amx_attention::BLOCK;
 use std::arch::x86_64::*;
 
 /// Queries per tile.
@@ -67,6 +66,26 @@ fn visible(n: usize, k: usize) -> __mmask16 {
     }
 }
 
+/// e^x for x <= 0 (-inf included) in eleven operations, accurate to about a unit in the last
+/// place: x clamped to -87 (below which e^x is zero for the weights' bf16), n = x log2(e)
+/// rounded, r = x - n ln 2 in two parts, e^r by its Taylor polynomial of degree 6 (|r| <= 0.35:
+/// error below 2e-7 of the result), times 2^n by `vscalefps`. `tiles_plain` in the kernel tests
+/// spells the same steps.
+#[inline(always)]
+pub(super) unsafe fn exp_tile(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [120.0f32, 24.0, 6.0, 2.0, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / c));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
 /// The 32 numbers of `a` then `b` rounded to bf16 (to the nearest), to `to`.
 #[inline(always)]
 pub(super) unsafe fn store_bf16(a: __m512, b: __m512, to: *mut u16) {
@@ -75,8 +94,9 @@ pub(super) unsafe fn store_bf16(a: __m512, b: __m512, to: *mut u16) {
 }
 
 /// One tile's online softmax over a block: query `i` (at most 16) sees the first `seen[i]`
-/// positions of its 64 scores at `scores + i * BLOCK`. Each seeing query's scores are scaled,
-/// its running maximum (`max[i]`) raised to theirs, its weights e^(score - max) (the rest zero)
+/// positions of its scores (already scaled) at `scores + i * BLOCK`, of which the first `reach`
+/// (a multiple of 32, at least every `seen[i]`) are read and written. Each seeing query's
+/// running maximum (`max[i]`) is raised to its scores', its weights e^(score - max) (the rest zero)
 /// written in bf16 to `weights + i * BLOCK`, their sum (in f32, before rounding) added to its
 /// running sum (`sum[i]`, earlier blocks' shrunk by the factor), and the factor by which its
 /// earlier weights and outputs shrink written to `rescale[i]`. A query that sees nothing gets
@@ -90,7 +110,7 @@ pub(super) unsafe fn tile_weights(
     scores: *const f32,
     weights: *mut u16,
     seen: &[usize],
-    scale: f32,
+    reach: usize,
     (max, sum): (*mut f32, *mut f32),
     rescale: &mut [f32],
 ) {
@@ -99,22 +119,20 @@ pub(super) unsafe fn tile_weights(
         .iter()
         .enumerate()
         .fold(0, |m, (i, &s)| if s > 0 { m | 1 << i } else { m });
-    let vscale = _mm512_set1_ps(scale);
-    // A query's scaled scores, computed again in the second pass (the same bits) rather than
-    // held: sixteen queries' would take 64 registers.
-    let scaled =
-        |i: usize, k: usize| _mm512_mul_ps(_mm512_loadu_ps(scores.add(i * BLOCK + 16 * k)), vscale);
+    // A query's scores (scaled with the queries), loaded again in the second pass rather than
+    // held: sixteen queries' would take 256 registers.
+    let scaled = |i: usize, k: usize| _mm512_loadu_ps(scores.add(i * BLOCK + 16 * k));
     // Each query's block maximum.
     let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); T];
     for i in 0..n {
         let v = &mut m[slot(i)];
-        for k in 0..BLOCK / 16 {
+        for k in 0..reach / 16 {
             *v = _mm512_mask_max_ps(*v, visible(seen[i], k), *v, scaled(i, k));
         }
     }
     let old_max = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), lanes, max);
     let new_max = _mm512_max_ps(old_max, reduce16(&m, |a, b| _mm512_max_ps(a, b)));
-    let factor = exp16(_mm512_sub_ps(old_max, new_max));
+    let factor = exp_tile(_mm512_sub_ps(old_max, new_max));
     _mm512_mask_storeu_ps(max, lanes, new_max);
     let mut new_maxes = [0f32; T];
     let mut factors = [0f32; T];
@@ -125,21 +143,21 @@ pub(super) unsafe fn tile_weights(
     for i in 0..n {
         let w = weights.add(i * BLOCK);
         if seen[i] == 0 {
-            std::ptr::write_bytes(w, 0, BLOCK);
+            std::ptr::write_bytes(w, 0, reach);
             continue;
         }
         rescale[i] = factors[i];
         let vmax = _mm512_set1_ps(new_maxes[i]);
         let mut x = [_mm512_setzero_ps(); BLOCK / 16];
         let mut total = _mm512_setzero_ps();
-        for k in 0..BLOCK / 16 {
+        for k in 0..reach / 16 {
             x[k] = _mm512_maskz_mov_ps(
                 visible(seen[i], k),
-                exp16(_mm512_sub_ps(scaled(i, k), vmax)),
+                exp_tile(_mm512_sub_ps(scaled(i, k), vmax)),
             );
             total = _mm512_add_ps(total, x[k]);
         }
-        for k in 0..BLOCK / 32 {
+        for k in 0..reach / 32 {
             store_bf16(x[2 * k], x[2 * k + 1], w.add(32 * k));
         }
         totals[slot(i)] = total;
@@ -167,4 +185,14 @@ pub(crate) unsafe fn sums_at_once_and_alone(rows: &[[f32; T]; T]) -> ([f32; T], 
         std::mem::transmute::<__m512, [f32; T]>(reduce16(&v, |a, b| _mm512_add_ps(a, b))),
         alone,
     )
+}
+
+/// `exp_tile` on sixteen numbers (for the tests).
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(test)]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn exp_tile_of(x: &[f32; T]) -> [f32; T] {
+    std::mem::transmute::<__m512, [f32; T]>(exp_tile(_mm512_loadu_ps(x.as_ptr())))
 }

@@ -21,9 +21,11 @@ mod sums;
 mod width;
 
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
+#[cfg(test)]
+pub(crate) use amx_attention::BLOCK as TILE_BLOCK;
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
 #[cfg(test)]
-pub(crate) use amx_softmax::sums_at_once_and_alone;
+pub(crate) use amx_softmax::{exp_tile_of, sums_at_once_and_alone};
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{

@@ -210,3 +210,25 @@ fn one_process_per_directory() {
         .to_string();
     assert!(err.contains("in use by another process"), "{err}");
 }
+
+/// The model key names the model file, the cache's shape and attention's arithmetic: blocks
+/// computed by tiles never serve a process whose attention runs on vectors (or on tiles of
+/// another version), whose bits would differ, and the same inputs always give the same key.
+#[test]
+fn the_model_key_tells_attentions_arithmetic_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    fs::write(&model, b"not really a model, but bytes to hash").unwrap();
+    let key = |shape, arithmetic| disk::model_key(&model, shape, arithmetic).unwrap();
+    let plain = key(SHAPE, "plain");
+    assert_eq!(plain, key(SHAPE, "plain"));
+    assert_ne!(plain, key(SHAPE, "bf16 tiles 2"));
+    assert_ne!(key(SHAPE, "bf16 tiles 1"), key(SHAPE, "bf16 tiles 2"));
+    let bf16 = KvShape {
+        dtype: KvDtype::Bf16,
+        ..SHAPE
+    };
+    assert_ne!(plain, key(bf16, "plain"));
+    let tiles = crate::kernels::attention_arithmetic(crate::kernels::Isa::Scalar, 128, true);
+    assert_eq!(tiles, "plain", "the plain version never runs on tiles");
+}
