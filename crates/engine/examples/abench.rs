@@ -76,31 +76,23 @@ fn time_heads<'a>(
     let timed = Isa::available()
         .into_iter()
         .filter(|&i| i != Isa::Scalar && chosen.is_none_or(|c| c == i));
+    let scale = 1.0 / (hd as f32).sqrt();
     for isa in timed {
+        // One head's attention on `isa` into `out`.
+        let attend = |kv: KvHead<'a>, scratch: &mut Vec<f32>, out: &mut [f32]| {
+            attend_rows(isa, &q, q_stride, rows, kv, scale, None, None, scratch, out)
+        };
         let mut best = f64::INFINITY;
         for _ in 0..(200 / n).max(5) {
             let t = Instant::now();
             std::thread::scope(|sc| {
                 for k in 0..threads {
-                    let (q, head) = (&q, &head);
+                    let (attend, head) = (&attend, &head);
                     sc.spawn(move || {
                         let mut out = vec![0f32; rows * group * hd];
                         let mut scratch = Vec::new();
                         for i in (k..n).step_by(threads) {
-                            let scale = 1.0 / (hd as f32).sqrt();
-                            let kv = head(i);
-                            attend_rows(
-                                isa,
-                                q,
-                                q_stride,
-                                rows,
-                                kv,
-                                scale,
-                                None,
-                                None,
-                                &mut scratch,
-                                &mut out,
-                            );
+                            attend(head(i), &mut scratch, &mut out);
                         }
                     });
                 }
@@ -110,20 +102,7 @@ fn time_heads<'a>(
         let macs = (rows * group * len * hd * 2) as f64;
         // The bits of the first head's outputs, to tell whether two builds compute the same.
         let mut out = vec![0f32; rows * group * hd];
-        let scale = 1.0 / (hd as f32).sqrt();
-        let kv = head(0);
-        attend_rows(
-            isa,
-            &q,
-            q_stride,
-            rows,
-            kv,
-            scale,
-            None,
-            None,
-            &mut Vec::new(),
-            &mut out,
-        );
+        attend(head(0), &mut Vec::new(), &mut out);
         let bits = out.iter().fold(0xcbf29ce484222325u64, |h, x| {
             (h ^ x.to_bits() as u64).wrapping_mul(0x100000001b3)
         });
