@@ -75,6 +75,11 @@ pub fn softmax_scalar(x: &mut [f32]) {
     }
 }
 
+/// ln 2 in two parts for the exponentials' range reduction (x - n ln 2 as x - n LN2_HI - n
+/// LN2_LO): LN2_HI has few enough bits that n LN2_HI is exact for every n they see.
+pub(crate) const LN2_HI: f32 = 0.693_145_75;
+pub(crate) const LN2_LO: f32 = 1.428_606_8e-6;
+
 /// e^x exactly as the vector kernels compute it (`x86::exp8`), for one number: the same
 /// operations in the same order, so the same bits. x is clamped to [-87, 88]; x = n ln 2 + r,
 /// e^r by its Taylor series to degree 7, times 2^n.
@@ -83,8 +88,8 @@ pub fn softmax_scalar(x: &mut [f32]) {
 pub fn exp_lane(x: f32) -> f32 {
     let x = x.max(-87.0).min(88.0);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-n).mul_add(0.693_145_75, x);
-    let r = (-n).mul_add(1.428_606_8e-6, r);
+    let r = (-n).mul_add(LN2_HI, x);
+    let r = (-n).mul_add(LN2_LO, r);
     let mut p = 1.0f32 / 5040.0;
     for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
         p = p.mul_add(r, 1.0 / c);

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::kernels::attention::ElemKind;
-use crate::kernels::elementwise::exp_lane;
+use crate::kernels::elementwise::{exp_lane, LN2_HI, LN2_LO};
 use half::bf16;
 
 /// The textbook attention of one query head over the positions `seen` of `kv`, in f64: scores
@@ -561,8 +561,8 @@ fn tiles_plain(
 fn exp_tile(x: f32) -> f32 {
     let x = x.max(-87.0);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-n).mul_add(0.693_145_75, x);
-    let r = (-n).mul_add(1.428_606_8e-6, r);
+    let r = (-n).mul_add(LN2_HI, x);
+    let r = (-n).mul_add(LN2_LO, r);
     let p = [120.0f32, 24.0, 6.0, 2.0, 1.0, 1.0]
         .iter()
         .fold(1.0f32 / 720.0, |p, c| p.mul_add(r, 1.0 / c));

@@ -321,24 +321,27 @@ impl Ahead {
     }
 }
 
-/// The keys and values of the positions `at` (at most `BLOCK`, in order; the rest zero) paired
-/// as the cache pairs them, as if they were one block: key pair rows `2 * BLOCK` numbers apart,
-/// value pair rows `2 * hd` apart.
+/// The keys and values of the positions `at` (at most `BLOCK`, in order; zeros after them to
+/// the end of their last vector-kernel block, past which the tiles read nothing) paired as the
+/// cache pairs them, as if they were one block: key pair rows `2 * BLOCK` numbers apart, value
+/// pair rows `2 * hd` apart.
 unsafe fn gather(kv: &KvOf<'_, bf16>, at: &[usize], keys: *mut u16, values: *mut u16) {
     let hd = kv.hd;
     let (k_in, v_in) = (
         kv.keys.as_ptr() as *const u16,
         kv.values.as_ptr() as *const u16,
     );
+    // As far as the tiles read: the vector kernels' blocks that hold the positions.
+    let end = at.len().next_multiple_of(ATTENTION_BLOCK);
     for i in 0..hd {
-        for k in 0..BLOCK {
+        for k in 0..end {
             let x = at
                 .get(k)
                 .map_or(0, |&t| *k_in.add(bf16::key_at(i, t, kv.key_stride)));
             *keys.add(bf16::key_at(i, k, BLOCK)) = x;
         }
     }
-    for k in 0..BLOCK {
+    for k in 0..end {
         for d in 0..hd {
             let x = at
                 .get(k)

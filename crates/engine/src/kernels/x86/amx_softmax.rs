@@ -9,6 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::amx_attention::BLOCK;
+use crate::kernels::elementwise::{LN2_HI, LN2_LO};
 use std::arch::x86_64::*;
 
 /// Queries per tile.
@@ -77,8 +78,8 @@ pub(super) unsafe fn exp_tile(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
     let mut p = _mm512_set1_ps(1.0 / 720.0);
     for c in [120.0f32, 24.0, 6.0, 2.0, 1.0, 1.0] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / c));

@@ -2,6 +2,7 @@
 //! exponential.
 
 use super::hsum;
+use crate::kernels::elementwise::{LN2_HI, LN2_LO};
 use std::arch::x86_64::*;
 
 /// # Safety
@@ -48,8 +49,8 @@ pub(super) unsafe fn exp8(x: __m256) -> __m256 {
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
     // ln 2 in two parts, so that n * LN2_HI is exact.
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
     let mut p = _mm256_set1_ps(1.0 / 5040.0);
     for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / c));
@@ -71,8 +72,8 @@ pub(super) unsafe fn exp16(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
     let mut p = _mm512_set1_ps(1.0 / 5040.0);
     for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / c));
