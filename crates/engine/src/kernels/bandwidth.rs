@@ -83,6 +83,25 @@ pub fn amx_int8_peak_gmacs() -> Option<f64> {
     None
 }
 
+/// With AMX-BF16 (the Amx class's prompt rows and attention over a bf16 cache): the bf16 peak
+/// of tiles over the pool's threads, G multiply-adds per second, measured as
+/// `amx_int8_peak_gmacs` is.
+pub fn amx_bf16_peak_gmacs() -> Option<f64> {
+    if !super::prompt_arithmetic_differs() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AMX-BF16 and this process the tile permission
+        // (`prompt_arithmetic_differs` asks both).
+        Some(per_thread_peak(&|iters| unsafe {
+            super::x86::peak_amx_bf16(iters / 4)
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// The f32 multiply-add peak of the attention kernels in use, in G multiply-adds per second over
 /// the pool's threads: a register-resident loop of fused multiply-adds on the registers they use
 /// (512-bit on AVX-512, 256-bit otherwise), measured as `int8_peak_gmacs` is. `None` for the

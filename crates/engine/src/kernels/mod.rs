@@ -43,6 +43,7 @@ mod matrix;
 pub mod packed;
 mod parallel;
 pub mod pool;
+mod prompt;
 pub mod q8;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -53,7 +54,9 @@ pub use attention::{
     attend, attend_rows, attend_with, attention_arithmetic, tiles_attend, KvElem, KvElems, KvHead,
     KvStored, TreeMask,
 };
-pub use bandwidth::{amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth};
+pub use bandwidth::{
+    amx_bf16_peak_gmacs, amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth,
+};
 pub use dtype::TensorType;
 pub use elementwise::{
     axpy_scalar, dot, dot_scalar, geglu, rms_norm, softmax, softmax_scalar, swiglu, swiglu_oai,
@@ -62,6 +65,7 @@ pub use elementwise::{
 pub use isa::{amx_status, isa, Isa};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub use parallel::{par_chunks_mut, par_split_mut};
+pub use prompt::{matmul_many_rows, prompt_arithmetic, prompt_arithmetic_differs, RowKind};
 
 use format::Format;
 use isa::assert_available;

@@ -501,4 +501,5 @@ fn an_isa_the_cpu_lacks_is_refused() {
 
 mod attention;
 mod packed_kernels;
+mod prompt;
 mod q8;

@@ -1,6 +1,6 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
-//! `amx` (the packed products on AMX tiles, for many rows), `attention` (with `online_softmax`, its weights of a block; `amx_attention` over a bf16 cache on tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax,
+//! `amx` (the packed products on AMX int8 tiles, for many generated rows), `amx_prompt` (prompt rows' products on bf16 tiles), `attention` (with `online_softmax`, its weights of a block; `amx_attention` over a bf16 cache on tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax,
 //! SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 mod amx;
 mod amx_attention;
+mod amx_prompt;
 mod amx_softmax;
 mod attention;
 mod elementwise;
@@ -24,6 +25,9 @@ pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TI
 #[cfg(test)]
 pub(crate) use amx_attention::BLOCK as TILE_BLOCK;
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
+pub(crate) use amx_prompt::{
+    peak_bf16 as peak_amx_bf16, products as prompt_products, to_tiles as prompt_to_tiles, Line as TileLine, STRIP as PROMPT_STRIP,
+};
 #[cfg(test)]
 pub(crate) use amx_softmax::{exp_tile_of, sums_at_once_and_alone};
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
