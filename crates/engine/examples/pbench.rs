@@ -28,6 +28,7 @@ fn main() {
                 tokens: chunk,
                 cache: &mut cache,
                 all_logits: false,
+                prompt: true,
                 parents: &[],
             }])
             .unwrap();
@@ -40,6 +41,7 @@ fn main() {
                 tokens: &tokens[context..],
                 cache: &mut cache,
                 all_logits,
+                prompt: !all_logits,
                 parents: &[],
             }])
             .unwrap();

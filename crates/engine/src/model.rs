@@ -353,6 +353,9 @@ pub struct BatchItem<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut KvCache,
     pub all_logits: bool,
+    /// The tokens are a prompt's (prefill), not generated ones or drafts: the kernels may compute
+    /// their products with another arithmetic (`kernels::RowKind`).
+    pub prompt: bool,
     /// Empty for a chain (each token follows the one before). For a draft tree, the parent of
     /// each row as an earlier row index, [`drafting::ROOT`] for the first row (the last committed
     /// token; see `DraftTree::row_parents`): every row takes the next cache slot but sees only the committed cache and its own

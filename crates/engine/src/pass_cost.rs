@@ -33,6 +33,7 @@ pub fn measure(model: &Model) -> Result<PassCost> {
         tokens: &tokens[..SHORT],
         cache: &mut short,
         all_logits: false,
+        prompt: true,
         parents: &[],
     }])?;
     let mut points = Vec::new();
@@ -88,6 +89,7 @@ fn pass(model: &Model, cache: &mut KvCache, rows: &[u32]) -> Result<f64> {
         tokens: rows,
         cache,
         all_logits: true,
+        prompt: false,
         parents: &[],
     }])?;
     let seconds = t.elapsed().as_secs_f64();

@@ -145,9 +145,14 @@ impl PrefixCache {
             anyhow::bail!("a prefix cache directory needs the prefix cache on (its budget is 0)");
         }
         let bf16 = shape.dtype == crate::kv_cache::KvDtype::Bf16;
-        let arithmetic =
-            crate::kernels::attention_arithmetic(crate::kernels::isa(), shape.hd, bf16);
-        let key = model_key(model_path, shape, arithmetic).map_err(|e| {
+        let attention = crate::kernels::attention_arithmetic(crate::kernels::isa(), shape.hd, bf16);
+        // Every block is a prompt's (`Sequence::keep_prefix`): its products' arithmetic too, where
+        // it is not the generated rows' (whose name alone keys the other classes' directories).
+        let arithmetic = match crate::kernels::prompt_arithmetic_differs() {
+            true => format!("{attention}; prompt products {}", crate::kernels::prompt_arithmetic()),
+            false => attention.to_string(),
+        };
+        let key = model_key(model_path, shape, &arithmetic).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read {} to key its cached blocks: {e}",
                 model_path.display()

@@ -285,9 +285,17 @@ impl Sequence {
     }
 
     /// Offers `prefix` the keys and values this sequence has computed (the prompt so far, and
-    /// the output once decoding) under `namespace`, for later requests to reuse.
+    /// the output once decoding) under `namespace`, for later requests to reuse. Where the
+    /// kernels compute prompt rows with an arithmetic of their own
+    /// (`kernels::prompt_arithmetic_differs`), only the prompt's: a later request whose prompt
+    /// holds this one's output computes those tokens as prompt rows, whose keys and values differ
+    /// from the generated rows' here, and must get what it would get cold.
     pub fn keep_prefix(&self, prefix: &mut PrefixCache, namespace: u64) {
-        prefix.insert(namespace, &self.tokens, &self.cache);
+        let computed = match crate::kernels::prompt_arithmetic_differs() {
+            true => self.prompt_len.min(self.tokens.len()),
+            false => self.tokens.len(),
+        };
+        prefix.insert(namespace, &self.tokens[..computed], &self.cache);
     }
 
     /// `keep_prefix` while the prompt is being fed: offers the prompt's blocks prefilled since the

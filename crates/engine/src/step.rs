@@ -63,6 +63,7 @@ fn forward(model: &Model, seqs: &mut [&mut Sequence], inputs: &[PassInput]) -> R
                 tokens: &input.tokens,
                 cache: &mut seq.cache,
                 all_logits,
+                prompt: matches!(seq.phase, Phase::Prefill(_)),
                 parents: &input.parents,
             });
         }

@@ -73,19 +73,28 @@ fn logits_match_reference_under_teacher_forcing() {
         // CPU's class has them) and q8_0. f16 rounds SmolLM2's keys and values to 0.39 nats off
         // at one position of these cases (its outliers need bf16's range more than its digits),
         // which is why it is not the default.
-        for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::Q8] {
+        // The continuation's rows as generated rows, and as a later turn's prompt rows (another
+        // arithmetic in a class with one for prompts: `kernels::prompt_arithmetic`).
+        let kinds = [false, true];
+        for (dtype, as_prompt) in [KvDtype::F32, KvDtype::Bf16, KvDtype::Q8]
+            .into_iter()
+            .flat_map(|d| kinds.map(|k| (d, k)))
+        {
             let mut worst = 0f32;
             let mut argmaxes = (0, 0);
             for case in &fx.generation {
                 let (prompt, cont) = (&case.prompt_ids, &case.greedy_ids);
-                let rows = teacher_forced_in(&lm.model, dtype, prompt, cont);
+                let rows = teacher_forced_as(&lm.model, dtype, prompt, cont, as_prompt);
                 for (j, top5) in case.top5_logprobs.iter().enumerate() {
                     let row = &rows[j * vocab..(j + 1) * vocab];
                     let (ref_id, ref_lp) = top5[0];
                     let ours = log_softmax_at(row, ref_id);
                     let diff = (ours - ref_lp).abs();
                     worst = worst.max(diff);
-                    let what = format!("{alias} {dtype:?} {} position {j}", case.name);
+                    let what = format!(
+                        "{alias} {dtype:?} {} position {j} (as prompt: {as_prompt})",
+                        case.name
+                    );
                     assert!(
                         diff <= TOL,
                         "{what}: log p(top1={ref_id}) = {ours}, reference {ref_lp}"
@@ -98,10 +107,16 @@ fn logits_match_reference_under_teacher_forcing() {
                     }
                 }
             }
+            let rows = match as_prompt {
+                true => format!("prompt rows ({})", engine::kernels::prompt_arithmetic()),
+                false => "generated rows".to_string(),
+            };
             eprintln!(
-                "{alias} {dtype:?} cache: largest top-1 log-prob difference {worst:.4} nats, \
-                 top-1 agrees at {} of {} positions",
-                argmaxes.0, argmaxes.1
+                "{alias} class {:?} {dtype:?} cache, {rows}: largest top-1 log-prob difference \
+                 {worst:.4} nats, top-1 agrees at {} of {} positions",
+                engine::kernels::isa(),
+                argmaxes.0,
+                argmaxes.1
             );
         }
     }
@@ -179,6 +194,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: prompt,
                 cache,
                 all_logits: false,
+                prompt: true,
                 parents: &[],
             }])
             .unwrap()
@@ -190,6 +206,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: cont,
                 cache: &mut a,
                 all_logits: true,
+                prompt: false,
                 parents: &[],
             }])
             .unwrap();
@@ -202,6 +219,7 @@ fn batched_pass_equals_single_steps() {
                     tokens: &[*t],
                     cache: &mut b,
                     all_logits: true,
+                    prompt: false,
                     parents: &[],
                 }])
                 .unwrap(),
@@ -219,6 +237,7 @@ fn batched_pass_equals_single_steps() {
             tokens: &[11, 12, 13],
             cache: &mut a,
             all_logits: true,
+            prompt: false,
             parents: &[],
         }])
         .unwrap();
@@ -228,6 +247,7 @@ fn batched_pass_equals_single_steps() {
                 tokens: &cont[5..],
                 cache: &mut a,
                 all_logits: true,
+                prompt: false,
                 parents: &[],
             }])
             .unwrap();

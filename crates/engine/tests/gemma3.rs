@@ -188,6 +188,7 @@ fn gemma3_batched_pass_equals_single_steps() {
                 tokens: chunk,
                 cache,
                 all_logits: false,
+                prompt: true,
                 parents: &[],
             }])
             .unwrap();
@@ -200,6 +201,7 @@ fn gemma3_batched_pass_equals_single_steps() {
             tokens: cont,
             cache: &mut a,
             all_logits: true,
+            prompt: false,
             parents: &[],
         }])
         .unwrap();
@@ -212,6 +214,7 @@ fn gemma3_batched_pass_equals_single_steps() {
                 tokens: &[*t],
                 cache: &mut b,
                 all_logits: true,
+                prompt: false,
                 parents: &[],
             }])
             .unwrap(),

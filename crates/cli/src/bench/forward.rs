@@ -132,14 +132,20 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             r.prefill_fraction_of_compute_limit,
         ) {
             (Some(l), Some(f)) => format!(
-                " = {:.0}% of the compute limit ({l:.1} tokens/s at {:.0} G int8{} and {:.0} G \
-                 f32 multiply-adds/s)",
+                " = {:.0}% of the compute limit ({l:.1} tokens/s at {:.0} G int8{}{} and {:.0} G \
+                 f32 multiply-adds/s){}",
                 100.0 * f,
                 r.int8_peak_gmacs.unwrap_or(0.0),
                 r.amx_int8_peak_gmacs
                     .map(|p| format!(" ({p:.0} G on AMX tiles)"))
                     .unwrap_or_default(),
+                r.amx_bf16_peak_gmacs
+                    .map(|p| format!(", {p:.0} G bf16 on tiles for prompt rows"))
+                    .unwrap_or_default(),
                 r.f32_peak_gmacs.unwrap_or(0.0),
+                r.prefill_fraction_of_tile_peak
+                    .map(|f| format!("; its products at {:.0}% of the bf16 tile peak", 100.0 * f))
+                    .unwrap_or_default(),
             ),
             _ => String::new(),
         };
@@ -158,6 +164,7 @@ fn prefill(model: &engine::Model, cache: &mut KvCache, toks: &[u32]) -> anyhow::
             tokens: chunk,
             cache: &mut *cache,
             all_logits: false,
+            prompt: true,
             parents: &[],
         }])?;
     }
@@ -195,6 +202,7 @@ fn time_passes(
                 tokens: input,
                 cache: &mut *cache,
                 all_logits: true,
+                prompt: false,
                 parents: &[],
             }])?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -232,6 +240,7 @@ fn time_decode(
             tokens: &tokens[context + i..context + i + 1],
             cache: &mut *cache,
             all_logits: true,
+            prompt: false,
             parents: &[],
         }])?;
     }
@@ -276,11 +285,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let peak = engine::kernels::int8_peak_gmacs();
     let f32_peak = engine::kernels::f32_peak_gmacs();
     let amx_peak = engine::kernels::amx_int8_peak_gmacs();
-    // Seconds of compute for `tokens` rows after `before` positions of cache (on AMX tiles from
-    // `AMX_MIN_ROWS` rows, prefill chunks included).
-    let compute_s = |before: usize, tokens: usize| -> f64 {
-        let peak = match amx_peak {
-            Some(p) if tokens >= engine::kernels::AMX_MIN_ROWS => Some(p),
+    let bf16_peak = engine::kernels::amx_bf16_peak_gmacs();
+    // Seconds of compute for `tokens` rows after `before` positions of cache: a prompt's rows at
+    // the bf16 tile peak where they take bf16 tiles; generated rows on AMX int8 tiles from
+    // `AMX_MIN_ROWS` rows.
+    let compute_s = |before: usize, tokens: usize, prompt: bool| -> f64 {
+        let peak = match (bf16_peak, amx_peak) {
+            (Some(p), _) if prompt => Some(p),
+            (_, Some(p)) if tokens >= engine::kernels::AMX_MIN_ROWS => Some(p),
             _ => peak,
         };
         let products = peak.map_or(0.0, |p| (tokens * macs) as f64 / (p * 1e9));
@@ -292,14 +304,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         let weights = experts.map_or(weight_bytes, |x| model.dense_weight_bytes() + x.bytes);
         let bytes = weights + model.cache_bytes_read(a.context + tokens);
         let memory = bytes as f64 / (gb_s * 1e9);
-        memory.max(compute_s(a.context, tokens)) * 1e3
+        memory.max(compute_s(a.context, tokens, false)) * 1e3
     };
     // Attention's own limit: the cache it reads, or its multiply-adds at the peak of what it runs
-    // on (a bf16 tile product does half an int8 one's multiply-adds in the same time).
+    // on (bf16 tiles: measured, or half the int8 peak).
     let tiles = engine::kernels::tiles_attend(engine::kernels::isa(), model.config.head_dim)
         && model.kv_shape().dtype == engine::kv_cache::KvDtype::Bf16;
     let attention_peak = if tiles {
-        amx_peak.map(|p| p / 2.0)
+        bf16_peak.or(amx_peak.map(|p| p / 2.0))
     } else {
         f32_peak
     };
@@ -312,7 +324,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         memory.max(compute) * 1e3
     };
     // Prefill goes in chunks, each reading the weights once: its limit is its compute.
-    let prefill_limit_tps = peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens));
+    let prefill_limit_tps =
+        peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens, true));
     let one = passes[0].ms;
     Ok(ForwardRun {
         model: lm.name.clone(),
@@ -348,6 +361,8 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         macs_per_token: macs,
         int8_peak_gmacs: peak,
         amx_int8_peak_gmacs: amx_peak,
+        amx_bf16_peak_gmacs: bf16_peak,
+        prefill_fraction_of_tile_peak: bf16_peak.map(|p| prefill_tps * macs as f64 / (p * 1e9)),
         f32_peak_gmacs: f32_peak,
         prefill_fraction_of_compute_limit: prefill_limit_tps.map(|l| prefill_tps / l),
         prefill_compute_limit_tokens_per_s: prefill_limit_tps,

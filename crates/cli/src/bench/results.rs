@@ -253,6 +253,13 @@ pub struct ForwardRun {
     /// then the AVX-512 VNNI peak of the smaller passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amx_int8_peak_gmacs: Option<f64>,
+    /// Where prompt rows take bf16 tiles (`engine::kernels::prompt_arithmetic`): the bf16 peak
+    /// of tiles over these threads, G/s, the prefill's compute limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amx_bf16_peak_gmacs: Option<f64>,
+    /// The prefill's products' multiply-adds per second over the bf16 tile peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_fraction_of_tile_peak: Option<f64>,
     /// The f32 multiply-add peak of the attention kernels over these threads, G/s (absent for the
     /// plain kernels).
     #[serde(default)]

@@ -5,7 +5,7 @@
 use super::{Attention, BatchItem, Ffn, Mlp, Model, MAX_TREE_ROWS};
 use crate::config::{Activation, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
-use crate::kernels;
+use crate::kernels::{self, QMatrix, RowKind};
 use crate::kv_cache::KvCache;
 use crate::weights;
 use drafting::ROOT;
@@ -161,6 +161,7 @@ impl Jobs {
 /// of the rows' positions (for the sliding-window layers too when their base differs).
 struct Plan {
     rows: Rows,
+    kinds: Kinds,
     jobs: Jobs,
     rope: RopeTable,
     rope_local: Option<RopeTable>,
@@ -225,12 +226,13 @@ impl Model {
                 .as_ref()
                 .map(|r| RopeTable::new(c, r, &rows.pos)),
             jobs: Jobs::plan(c, batch),
+            kinds: Kinds::of(batch),
             rows,
         };
         let mut b = Buffers::new(c, n);
         for (li, layer) in self.layers.iter().enumerate() {
             self.attention(li, &layer.attn, batch, &plan, &mut b, &mut x);
-            self.feed_forward(&layer.mlp, n, &mut b, &mut x);
+            self.feed_forward(&layer.mlp, &plan.kinds, n, &mut b, &mut x);
         }
         for item in batch.iter_mut() {
             let len = item.cache.len() + item.tokens.len();
@@ -259,7 +261,7 @@ impl Model {
         let (d, qd, kvd, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim);
         let n = rows.len();
         norm_rows(x, &a.norm, c.rms_eps, &mut b.h, d);
-        kernels::matmul_many(
+        plan.kinds.products(
             &b.h,
             n,
             &mut [(&a.wq, &mut b.q), (&a.wk, &mut b.k), (&a.wv, &mut b.v)],
@@ -291,7 +293,7 @@ impl Model {
                 b.att[r * qd + kvh * group * hd..][..group * hd].copy_from_slice(o);
             }
         }
-        kernels::matmul(&b.att, n, &a.wo, &mut b.proj);
+        plan.kinds.products(&b.att, n, &mut [(&a.wo, &mut b.proj)]);
         add_bias(&mut b.proj, a.bo.as_deref());
         if let Some(w) = &a.post_norm {
             norm_in_place(&mut b.proj, w, c.rms_eps, d);
@@ -387,7 +389,7 @@ impl Model {
 
     /// The feed-forward block: gated activation of every row, projected down, or the row's
     /// experts' (`experts`), added to `x`.
-    fn feed_forward(&self, m: &Mlp, n: usize, b: &mut Buffers, x: &mut [f32]) {
+    fn feed_forward(&self, m: &Mlp, kinds: &Kinds, n: usize, b: &mut Buffers, x: &mut [f32]) {
         let c = &self.config;
         norm_rows(x, &m.norm, c.rms_eps, &mut b.h, c.d_model);
         let activation = match c.family().activation {
@@ -397,7 +399,7 @@ impl Model {
         };
         match &m.ffn {
             Ffn::Dense { gate, up, down } => {
-                kernels::matmul_many(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
+                kinds.products(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
                 let up = &b.up;
                 if n >= 4 {
                     kernels::par_chunks_mut(&mut b.gate, c.d_ff, &|r, g| {
@@ -406,7 +408,7 @@ impl Model {
                 } else {
                     activation(&mut b.gate, up);
                 }
-                kernels::matmul(&b.gate, n, down, &mut b.proj);
+                kinds.products(&b.gate, n, &mut [(down, &mut b.proj)]);
             }
             Ffn::Experts(mixture) => mixture.forward(&b.h, n, activation, &mut b.proj),
         }
@@ -438,6 +440,68 @@ impl Model {
         let mut logits = vec![0f32; wanted.len() * c.vocab_size];
         kernels::matmul(&hn, wanted.len(), &self.output, &mut logits);
         logits
+    }
+}
+
+/// The kinds of a pass's rows (`BatchItem::prompt`), as far as the kernels in use tell them apart
+/// (`kernels::prompt_arithmetic_differs`): the layers' products run once per kind. The output
+/// head and a mixture's experts take every row alike.
+enum Kinds {
+    All(RowKind),
+    /// Rows of both kinds: each kind's rows, in order.
+    Mixed([(RowKind, Vec<usize>); 2]),
+}
+
+impl Kinds {
+    fn of(batch: &[BatchItem<'_>]) -> Kinds {
+        let kind = |b: &BatchItem<'_>| match b.prompt {
+            true => RowKind::Prompt,
+            false => RowKind::Generated,
+        };
+        let first = batch.first().map_or(RowKind::Generated, kind);
+        if !kernels::prompt_arithmetic_differs() {
+            return Kinds::All(RowKind::Generated);
+        }
+        if batch.iter().all(|b| kind(b) == first) {
+            return Kinds::All(first);
+        }
+        let (mut prompt, mut generated) = (Vec::new(), Vec::new());
+        let mut row = 0;
+        for b in batch {
+            let rows = row..row + b.tokens.len();
+            match kind(b) {
+                RowKind::Prompt => prompt.extend(rows),
+                RowKind::Generated => generated.extend(rows),
+            }
+            row += b.tokens.len();
+        }
+        Kinds::Mixed([(RowKind::Prompt, prompt), (RowKind::Generated, generated)])
+    }
+
+    /// `kernels::matmul_many` over `n` rows, each row in its kind's arithmetic: rows of both
+    /// kinds are gathered per kind and their outputs put back in place.
+    fn products(&self, x: &[f32], n: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
+        let parts = match self {
+            Kinds::All(kind) => return kernels::matmul_many_rows(*kind, x, n, jobs),
+            Kinds::Mixed(parts) => parts,
+        };
+        let k = x.len() / n;
+        for (kind, rows) in parts {
+            let xs: Vec<f32> = rows.iter().flat_map(|&r| &x[r * k..(r + 1) * k]).copied().collect();
+            let mut outs: Vec<Vec<f32>> =
+                jobs.iter().map(|(w, _)| vec![0f32; rows.len() * w.rows]).collect();
+            let mut part: Vec<(&QMatrix, &mut [f32])> = jobs
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|((w, _), o)| (*w, o.as_mut_slice()))
+                .collect();
+            kernels::matmul_many_rows(*kind, &xs, rows.len(), &mut part);
+            for ((w, out), o) in jobs.iter_mut().zip(&outs) {
+                for (i, &r) in rows.iter().enumerate() {
+                    out[r * w.rows..(r + 1) * w.rows].copy_from_slice(&o[i * w.rows..][..w.rows]);
+                }
+            }
+        }
     }
 }
 

@@ -73,7 +73,8 @@ impl BlockName {
 }
 
 /// The key of a model's blocks: xxh3-128 of its file, its cache's shape and number type, and
-/// the name of the arithmetic attention computed them with (`kernels::attention_arithmetic`), so
+/// the name of the arithmetic attention and, where it differs from generated rows', the prompt rows'
+/// products computed them with (`kernels::attention_arithmetic`, `kernels::prompt_arithmetic`), so
 /// that a process never continues from keys and values whose bits it would not have computed
 /// itself. Reads the whole file once (about a third of a second per GB from the page cache).
 pub fn model_key(path: &Path, shape: KvShape, arithmetic: &str) -> io::Result<u128> {

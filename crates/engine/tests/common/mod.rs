@@ -124,6 +124,18 @@ pub fn teacher_forced_in(
     prompt: &[u32],
     cont: &[u32],
 ) -> Vec<f32> {
+    teacher_forced_as(m, dtype, prompt, cont, false)
+}
+
+/// `teacher_forced_in` with the continuation's rows fed as prompt rows (`BatchItem::prompt`)
+/// when `cont_as_prompt`, in the arithmetic a later turn's prompt gives them.
+pub fn teacher_forced_as(
+    m: &engine::model::Model,
+    dtype: engine::kv_cache::KvDtype,
+    prompt: &[u32],
+    cont: &[u32],
+    cont_as_prompt: bool,
+) -> Vec<f32> {
     let shape = engine::kv_cache::KvShape {
         dtype,
         ..m.kv_shape()
@@ -136,6 +148,7 @@ pub fn teacher_forced_in(
                 tokens: chunk,
                 cache: &mut cache,
                 all_logits: false,
+                prompt: true,
                 parents: &[],
             }])
             .unwrap();
@@ -145,6 +158,7 @@ pub fn teacher_forced_in(
             tokens: &cont[..cont.len() - 1],
             cache: &mut cache,
             all_logits: true,
+            prompt: cont_as_prompt,
             parents: &[],
         }])
         .unwrap(),
