@@ -26,6 +26,9 @@ pub mod tools;
 pub mod verify;
 pub mod weights;
 
+#[cfg(test)]
+mod cannot_run;
+
 pub use chat::{ChatTemplate, Message, PromptEnd, RenderOptions};
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
