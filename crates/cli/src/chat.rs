@@ -4,12 +4,12 @@
 //! `/stats` shows each answer's speculation figures. Ctrl-C stops an answer; Ctrl-C or Ctrl-D at
 //! the prompt ends the conversation.
 
-use crate::common::PrefixCacheDirArgs;
+use crate::common::{PrefixCacheDirArgs, RunArgs, SamplingArgs};
 use crate::spec::SpecArgs;
 use clap::Args;
 use engine::{
     FinishReason, GenerationConfig, GenerationOutput, GenerationSettings, LoadedModel, Message,
-    PrefixCache, SamplingSettings,
+    PrefixCache,
 };
 use rustyline::error::ReadlineError;
 use std::io::Write;
@@ -29,21 +29,13 @@ pub struct ChatArgs {
     /// New tokens per answer at most.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
-    /// 0 means greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Show each answer's figures (as `/stats` does).
     #[arg(long)]
     pub stats: bool,
-    /// KV cache size in tokens: the longest conversation (default: the model's context).
-    #[arg(long, alias = "max-model-len")]
-    pub ctx_size: Option<usize>,
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub run: RunArgs,
     #[command(flatten)]
     pub prefix_cache: PrefixCacheDirArgs,
     #[command(flatten)]
@@ -67,7 +59,7 @@ struct Chat {
 }
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
-    crate::common::init_threads(a.threads)?;
+    crate::common::init_threads(a.run.threads)?;
     let speculation = a.spec.resolve()?;
     let lm = crate::common::load_model(&a.model, &a.kv)?;
     if lm.chat_template.is_none() {
@@ -77,6 +69,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
         );
     }
     let ctx = a
+        .run
         .ctx_size
         .unwrap_or(lm.model.config.context_len)
         .min(lm.model.config.context_len);
@@ -88,12 +81,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let config = crate::common::generation_config(
         GenerationSettings {
             max_tokens: Some(a.max_tokens),
-            sampling: SamplingSettings {
-                temperature: Some(a.temperature),
-                top_p: Some(a.top_p),
-                seed: a.seed,
-                ..Default::default()
-            },
+            sampling: a.sampling.settings(),
             ..Default::default()
         },
         speculation,

@@ -1,5 +1,8 @@
 //! What every command needs: the default model, loading a model by alias or path, and the size of
-//! the compute thread pool.
+//! the compute thread pool; and the flags several commands share: the KV cache's number type,
+//! the sampling settings, the output format, the prefix cache and byte counts.
+
+use engine::SamplingSettings;
 
 /// The model `generate`, `serve` and `bench run` use when none is named.
 pub const DEFAULT_MODEL: &str = "qwen-coder-1.5b";
@@ -155,8 +158,8 @@ pub struct PrefixCacheDirArgs {
     pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// Bytes the directory may hold (least recently used go first), as a number with an optional
     /// K, M or G.
-    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, default_value = "16G")]
-    pub prefix_cache_dir_bytes: usize,
+    #[arg(long, value_name = "SIZE", default_value_t = ByteSize(engine::DEFAULT_PREFIX_CACHE_DIR_BYTES))]
+    pub prefix_cache_dir_bytes: ByteSize,
 }
 
 impl PrefixCacheArgs {
@@ -178,8 +181,80 @@ impl PrefixCacheDirArgs {
             lm.model.kv_shape(),
             self.budget(),
             self.prefix_cache_dir.as_deref(),
-            self.prefix_cache_dir_bytes as u64,
+            self.prefix_cache_dir_bytes.0,
         )
+    }
+}
+
+/// A byte count given as a flag (`parse_bytes`), written in the largest unit that divides it
+/// (`16G`), as `--help` shows a default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_bytes(s).map(|n| ByteSize(n as u64))
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+            if n != 0 && n.trailing_zeros() >= shift {
+                return write!(f, "{}{unit}", n >> shift);
+            }
+        }
+        write!(f, "{n}")
+    }
+}
+
+/// `--ctx-size` and `--threads`: the commands that run a model in this process alone (`generate`,
+/// `chat`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// KV cache size in tokens: the longest prompt and output, or conversation (default: the
+    /// model's context length).
+    #[arg(long, alias = "max-model-len")]
+    pub ctx_size: Option<usize>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// The sampling flags of `generate` and `chat`: the engine's `SamplingSettings`, each with the
+/// engine's default but the temperature, which is greedy here.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 means greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = SamplingSettings::DEFAULT_TOP_P)]
+    pub top_p: f32,
+    /// -1 or 0 disables top-k.
+    #[arg(long, default_value_t = SamplingSettings::DEFAULT_TOP_K, allow_negative_numbers = true)]
+    pub top_k: i64,
+    #[arg(long, default_value_t = SamplingSettings::DEFAULT_MIN_P)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = SamplingSettings::DEFAULT_REPETITION_PENALTY)]
+    pub repetition_penalty: f32,
+    /// Seed for sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn settings(&self) -> SamplingSettings {
+        SamplingSettings {
+            temperature: Some(self.temperature),
+            top_p: Some(self.top_p),
+            top_k: Some(self.top_k),
+            min_p: Some(self.min_p),
+            repetition_penalty: Some(self.repetition_penalty),
+            seed: self.seed,
+        }
     }
 }
 
@@ -218,7 +293,16 @@ pub fn generation_config(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, ByteSize};
+
+    #[test]
+    fn byte_sizes_show_their_largest_unit() {
+        assert_eq!(ByteSize(16 << 30).to_string(), "16G");
+        assert_eq!(ByteSize(3 << 20).to_string(), "3M");
+        assert_eq!(ByteSize(4097).to_string(), "4097");
+        assert_eq!(ByteSize(0).to_string(), "0");
+        assert_eq!("16G".parse::<ByteSize>(), Ok(ByteSize(16 << 30)));
+    }
 
     #[test]
     fn byte_counts_parse_with_units() {

@@ -2,13 +2,11 @@
 //! plain and speculative greedy decoding side by side.
 
 use crate::bench::results::SpeculationReport;
-use crate::common::FormatArgs;
+use crate::common::{FormatArgs, RunArgs, SamplingArgs};
 use crate::spec::SpecArgs;
 use clap::Args;
 use drafting::SpecConfig;
-use engine::{
-    GenerationConfig, GenerationOutput, GenerationSettings, LoadedModel, Message, SamplingSettings,
-};
+use engine::{GenerationConfig, GenerationOutput, GenerationSettings, LoadedModel, Message};
 use serde_json::json;
 use std::io::Write;
 
@@ -37,29 +35,13 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// 0 means greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop when this text is produced (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// KV cache size in tokens (default: the model's context length).
-    #[arg(long, alias = "max-model-len")]
-    pub ctx_size: Option<usize>,
-    /// Compute threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -78,14 +60,7 @@ impl GenerateArgs {
         crate::common::generation_config(
             GenerationSettings {
                 max_tokens: Some(self.max_tokens),
-                sampling: SamplingSettings {
-                    temperature: Some(self.temperature),
-                    top_p: Some(self.top_p),
-                    top_k: Some(i64::try_from(self.top_k).unwrap_or(i64::MAX)),
-                    min_p: Some(self.min_p),
-                    repetition_penalty: Some(self.repetition_penalty),
-                    seed: self.seed,
-                },
+                sampling: self.sampling.settings(),
                 stop: self.stop.clone(),
                 response_format: self.format.response_format()?,
                 ..Default::default()
@@ -178,11 +153,11 @@ pub(crate) fn summary_line(out: &GenerationOutput) -> String {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let threads = crate::common::init_threads(args.threads)?;
+    let threads = crate::common::init_threads(args.run.threads)?;
     let spec = args.spec.resolve()?;
     let lm = crate::common::load_model(&args.model, &args.kv)?;
     let prompt = args.prompt_text(&lm)?;
-    let ctx = args.ctx_size.unwrap_or(lm.model.config.context_len);
+    let ctx = args.run.ctx_size.unwrap_or(lm.model.config.context_len);
     if args.compare {
         return compare(&args, &lm, &prompt, ctx, spec, threads);
     }
@@ -215,7 +190,7 @@ fn compare(
     spec: SpecConfig,
     threads: usize,
 ) -> anyhow::Result<()> {
-    if args.temperature > 0.0 {
+    if args.sampling.temperature > 0.0 {
         anyhow::bail!("--compare runs greedy decoding: drop --temperature");
     }
     if !spec.enabled() {

@@ -25,7 +25,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = drafting::DEFAULT_CORPUS_TOKENS)]
     pub corpus_tokens: usize,
     /// Sequences decoded together in one batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = engine::DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: usize,
     /// Requests that may wait for a batch slot before new ones get 429.
     #[arg(long, default_value_t = 64)]
@@ -104,7 +104,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         record_requests: a.record_requests.clone(),
         keep_volatile_lines: a.keep_volatile_lines,
         prefix_cache_dir: a.prefix_cache.prefix_cache_dir.clone(),
-        prefix_cache_dir_bytes: a.prefix_cache.prefix_cache_dir_bytes as u64,
+        prefix_cache_dir_bytes: a.prefix_cache.prefix_cache_dir_bytes.0,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -188,41 +188,72 @@ impl Default for SpecConfig {
 
 /// What one surface asks to change in a [`SpecConfig`]; `None` keeps the value below it. This is
 /// also vLLM's `speculative_config` object (with `method`), read the same way by the CLI and the
-/// server: unknown fields are an error.
+/// server: unknown fields are an error. With the `clap` feature it is also the CLI's speculation
+/// flags (the field docs are their help), `--spec-method` for `method`; `adaptive` is the CLI's
+/// `--fixed-draft`, which is not a field's flag.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
 pub struct SpecOverrides {
-    /// `ngram`, `prompt_lookup` or `tree`; anything else is refused.
+    /// How to draft: `ngram` (one prompt-lookup chain, vLLM's method; `prompt_lookup` is another
+    /// name for it) or `tree` (a draft tree from the n-gram index, the model's own earlier
+    /// predictions and, in the server, earlier requests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long = "spec-method", value_name = "METHOD"))]
     pub method: Option<String>,
+    /// Tokens drafted per step by prompt lookup (0 turns speculation off).
     #[serde(
         default,
         alias = "prompt_lookup_num_tokens",
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "K"))]
     pub num_speculative_tokens: Option<usize>,
+    /// Longest n-gram to match.
     #[serde(
         default,
         alias = "max_matching_ngram_size",
         alias = "ngram_prompt_lookup_max",
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, alias = "ngram-prompt-lookup-max", value_name = "N")
+    )]
     pub prompt_lookup_max: Option<usize>,
+    /// Shortest n-gram to match.
     #[serde(
         default,
         alias = "ngram_prompt_lookup_min",
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, alias = "ngram-prompt-lookup-min", value_name = "N")
+    )]
     pub prompt_lookup_min: Option<usize>,
+    /// Which earlier occurrence to copy from: recent, earliest, longest, scored (every earlier
+    /// occurrence of the longest match, by how often and how recently each continuation followed),
+    /// or evidence (the default: scored, each draft cut where its estimated chance of acceptance
+    /// stops paying for the rows it adds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "POLICY"))]
     pub match_policy: Option<MatchPolicy>,
+    /// Send only as many drafted tokens as are expected to pay off (false: all K).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub adaptive: Option<bool>,
+    /// Most nodes of a draft tree (method tree, 1-63).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub tree_max_nodes: Option<usize>,
+    /// Candidates per token kept from the model's predictions (method tree, 1-8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "K"))]
     pub tree_top_k: Option<usize>,
+    /// Sources of a draft tree, comma-separated: ngram, model, corpus (method tree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "LIST"))]
     pub tree_sources: Option<TreeSources>,
 }
 

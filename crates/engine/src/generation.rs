@@ -1,6 +1,11 @@
 //! What one generation is asked (`GenerationConfig`) and what it reports (`FinishReason`,
 //! `GenerationOutput`): the types the generation loop's modules share (`sequence`, `step`,
 //! `generate`), kept apart so that they import it and not each other.
+//!
+//! Also the settings as a surface gives them (`GenerationSettings`, with `SamplingSettings`
+//! under the names every API shares) and `GenerationSettings::config`, the one place their
+//! defaults are filled in and their values checked, which the server, the Python package and the
+//! CLI all call.
 
 use crate::error::{EngineError, Result};
 use crate::grammar::ResponseFormat;
@@ -83,20 +88,53 @@ pub struct GenerationSettings {
 }
 
 /// The sampling settings under the names every API shares (OpenAI's and vLLM's), each `None` for
-/// its default; the server reads them from every request body as they are.
+/// its default (`DEFAULT_*`, which the CLI's flags and Python's `SamplingParams` show as theirs);
+/// the server reads them from every request body as they are.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct SamplingSettings {
-    /// OpenAI's range, 0 to 2 (0 is greedy); default 1.
+    /// OpenAI's range, 0 to 2 (0 is greedy).
     pub temperature: Option<f32>,
-    /// Default 1 (off).
     pub top_p: Option<f32>,
-    /// -1 or 0 for off (the default), else positive.
+    /// -1 or 0 for off, else positive.
     pub top_k: Option<i64>,
-    /// Default 0 (off).
     pub min_p: Option<f32>,
-    /// Default 1 (off).
     pub repetition_penalty: Option<f32>,
     pub seed: Option<u64>,
+}
+
+impl SamplingSettings {
+    /// OpenAI's default.
+    pub const DEFAULT_TEMPERATURE: f32 = 1.0;
+    /// Off.
+    pub const DEFAULT_TOP_P: f32 = 1.0;
+    /// Off.
+    pub const DEFAULT_TOP_K: i64 = 0;
+    /// Off.
+    pub const DEFAULT_MIN_P: f32 = 0.0;
+    /// Off.
+    pub const DEFAULT_REPETITION_PENALTY: f32 = 1.0;
+
+    /// The temperature asked for, else the default.
+    pub fn temperature(&self) -> f32 {
+        self.temperature.unwrap_or(Self::DEFAULT_TEMPERATURE)
+    }
+
+    pub fn top_p(&self) -> f32 {
+        self.top_p.unwrap_or(Self::DEFAULT_TOP_P)
+    }
+
+    pub fn top_k(&self) -> i64 {
+        self.top_k.unwrap_or(Self::DEFAULT_TOP_K)
+    }
+
+    pub fn min_p(&self) -> f32 {
+        self.min_p.unwrap_or(Self::DEFAULT_MIN_P)
+    }
+
+    pub fn repetition_penalty(&self) -> f32 {
+        self.repetition_penalty
+            .unwrap_or(Self::DEFAULT_REPETITION_PENALTY)
+    }
 }
 
 impl GenerationSettings {
@@ -124,11 +162,11 @@ impl GenerationSettings {
         }
         let s = &self.sampling;
         let sampling = SamplingParams::from_request(
-            s.temperature.unwrap_or(1.0),
-            s.top_p.unwrap_or(1.0),
-            s.top_k.unwrap_or(0),
-            s.min_p.unwrap_or(0.0),
-            s.repetition_penalty.unwrap_or(1.0),
+            s.temperature(),
+            s.top_p(),
+            s.top_k(),
+            s.min_p(),
+            s.repetition_penalty(),
         )?;
         let speculation = speculation
             .merge(self.speculative_config.as_ref(), &self.speculation)

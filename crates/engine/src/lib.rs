@@ -26,6 +26,9 @@ pub mod tools;
 pub mod verify;
 pub mod weights;
 
+#[cfg(test)]
+mod cannot_run;
+
 pub use chat::{ChatTemplate, Message, PromptEnd, RenderOptions};
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_reusing, LOCAL_NAMESPACE};
@@ -44,6 +47,14 @@ pub use step::step;
 pub use tokenizer::Tokenizer;
 
 use std::path::{Path, PathBuf};
+
+/// Sequences decoded together in one batch unless told otherwise: `pld serve --max-num-seqs` and
+/// Python's `LLM(max_num_seqs=...)`.
+pub const DEFAULT_MAX_NUM_SEQS: usize = 8;
+
+/// Bytes the prefix cache's directory may hold unless told otherwise (16 GiB):
+/// `--prefix-cache-dir-bytes` and Python's `LLM(prefix_cache_dir_bytes=...)`.
+pub const DEFAULT_PREFIX_CACHE_DIR_BYTES: u64 = 16 << 30;
 
 /// A model ready to run: weights, tokenizer and chat template from one GGUF file.
 pub struct LoadedModel {

@@ -937,6 +937,9 @@ async fn logprobs_in_both_shapes() {
         ("top_logprobs", json!(50), Some(("logprobs", json!(true)))),
         ("logprobs", json!("yes"), None),
         ("top_logprobs", json!(2), None),
+        // The cap is named as the client sent it.
+        ("max_tokens", json!(0), None),
+        ("max_completion_tokens", json!(0), None),
     ] {
         let mut body = chat("Hi", 2);
         body[field] = value;

@@ -1,6 +1,7 @@
 //! OpenAI's chat and text completions (`/v1/chat/completions`, `/v1/completions`): the body
-//! (`request::WireRequest`: the `Shared` settings, the fields of both endpoints, each one's own) read into the common `Conversation` or prompt and `Settings`, checked
-//! by `validate`, and answered in OpenAI's shapes, whole (`response`) or streamed (`stream`).
+//! (`request::WireRequest`: the settings every API reads, the fields of both endpoints, each
+//! one's own) read into the common `Conversation` or prompt and `Settings`, checked by
+//! `validate`, and answered in OpenAI's shapes, whole (`response`) or streamed (`stream`).
 
 use super::error::ApiError;
 use super::output::Outputs;
@@ -17,17 +18,19 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use engine::sampling::MAX_TOP_LOGPROBS;
 use engine::{GenerationSettings, Message, PromptEnd, ResponseFormat};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 impl Kind {
     pub(super) fn names(self) -> Names {
-        Names {
-            prompt: self.prompt_field(),
-            max_tokens: "max_tokens",
-            tools: "tools",
+        let names = Names::new(self.prompt_field(), "max_tokens");
+        match self {
+            Kind::Chat => Names {
+                logprobs: "top_logprobs",
+                ..names
+            },
+            Kind::Text => names,
         }
     }
 }
@@ -41,14 +44,17 @@ pub(super) async fn complete(
 ) -> Result<Response, ApiError> {
     let req = request::parse(body, kind, state.config.lenient)?;
     let settings = settings(&req, kind)?;
+    let mut names = kind.names();
+    if req.completion.max_completion_tokens.is_some() {
+        // The cap used (`settings`), named as the client sent it.
+        names.max_tokens = "max_completion_tokens";
+    }
     let valid = match &req.prompt {
         Prompt::Chat(chat) => {
             let conv = conversation(chat)?;
-            validate::chat(state, conv, settings, kind.names()).await?
+            validate::chat(state, conv, settings, names).await?
         }
-        Prompt::Text(text) => {
-            validate::text(state, text_prompt(text)?, settings, kind.names()).await?
-        }
+        Prompt::Text(text) => validate::text(state, text_prompt(text)?, settings, names).await?,
     };
     let meta = Meta {
         id: request_id(kind.id_prefix()),
@@ -151,7 +157,7 @@ pub(super) fn conversation_of(
 fn settings(req: &WireRequest, kind: Kind) -> Result<Settings, ApiError> {
     let c = &req.completion;
     let (format, format_field) = format_asked(c)?;
-    let shared = request::settings(&req.sampling, &req.shared);
+    let shared = request::settings(&req.sampling, &req.shared, &req.speculation);
     Ok(Settings {
         n: c.n,
         generation: GenerationSettings {
@@ -324,16 +330,7 @@ pub(super) fn logprobs(req: &Completion, kind: Kind) -> Result<Option<usize>, Ap
             ))
         }
     };
-    if top > MAX_TOP_LOGPROBS {
-        return Err(ApiError::bad_request(
-            format!("at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {top}"),
-            Some(if kind == Kind::Chat {
-                "top_logprobs"
-            } else {
-                "logprobs"
-            }),
-        ));
-    }
+    // The most alternatives is checked with the other settings (`GenerationSettings::config`).
     Ok(Some(top))
 }
 

@@ -8,7 +8,7 @@
 use super::error::{ApiError, ErrorShape};
 use super::messages_items::message_object;
 use super::output::Outputs;
-use super::request::{self, json_body, neutral, read_checked, Shared};
+use super::request::{self, json_body, neutral, read_checked, Shared, TopLevelSpec};
 use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit};
 use crate::tenant::Tenant;
@@ -24,11 +24,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-const NAMES: Names = Names {
-    prompt: "messages",
-    max_tokens: "max_tokens",
-    tools: "tools",
-};
+const NAMES: Names = Names::new("messages", "max_tokens");
 
 /// Messages fields accepted only with the value that changes nothing here.
 fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
@@ -64,7 +60,7 @@ fn messages_neutral(field: &str, v: &Value) -> Option<bool> {
 }
 
 /// A request: the settings every API reads, and the Messages API's own fields.
-type MessagesRequest = (SamplingSettings, Shared, Fields);
+type MessagesRequest = (SamplingSettings, Shared, TopLevelSpec, Fields);
 
 /// The Messages API's own fields.
 #[derive(Deserialize)]
@@ -111,7 +107,7 @@ fn read_body(
     if req.1.model.is_none() {
         return Err(super::request::missing("model"));
     }
-    if !count && req.2.max_tokens.is_none() {
+    if !count && req.3.max_tokens.is_none() {
         return Err(super::request::missing("max_tokens"));
     }
     Ok(req)
@@ -194,10 +190,10 @@ pub(super) async fn count_tokens(
 }
 
 fn settings(
-    (sampling, shared, req): &MessagesRequest,
+    (sampling, shared, speculation, req): &MessagesRequest,
     model: Option<String>,
 ) -> Result<Settings, ApiError> {
-    let shared = request::settings(sampling, shared);
+    let shared = request::settings(sampling, shared, speculation);
     Ok(Settings {
         model,
         generation: GenerationSettings {
@@ -249,7 +245,7 @@ fn output_format(config: Option<&Value>) -> Result<engine::ResponseFormat, ApiEr
 }
 
 /// The system prompt, the messages and the tools as the template takes them.
-fn conversation((_, _, req): &MessagesRequest, lenient: bool) -> Result<Conversation, ApiError> {
+fn conversation((_, _, _, req): &MessagesRequest, lenient: bool) -> Result<Conversation, ApiError> {
     let wire = req
         .messages
         .as_ref()

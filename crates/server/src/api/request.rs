@@ -1,7 +1,9 @@
 //! A request body as it arrives: read as JSON (`json_body`), every top-level field checked by
-//! name (`check_fields`, shared by every API), then deserialized once (`typed`). For the chat and
-//! text completions that is `WireRequest`, the fields of both endpoints as the client sent them;
-//! `chat` reads it into the common request that `validate` checks.
+//! name (`check_fields`, shared by every API: a field is accepted exactly when a struct reads it,
+//! `field_names`), then read once by structs side by side (`Body`): the engine's
+//! `SamplingSettings`, `Shared` and `TopLevelSpec` (the settings every API names alike), then the
+//! API's own fields. For the chat and text completions that is `WireRequest`; `chat` reads it into
+//! the common request that `validate` checks.
 
 use super::error::ApiError;
 use super::validate::Settings;
@@ -11,9 +13,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use drafting::SpecOverrides;
 use engine::{GenerationSettings, SamplingSettings};
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
+use std::fmt;
 
 /// Message content: a string or a list of text parts.
 #[derive(Deserialize)]
@@ -60,8 +63,8 @@ pub(super) struct StreamOptions {
 }
 
 /// The settings every API reads under the same names besides the sampling settings
-/// (`engine::SamplingSettings`, read beside it): OpenAI's, and pld's own speculation settings,
-/// under vLLM's and Hugging Face's names.
+/// (`engine::SamplingSettings`) and the speculation settings given at the top level
+/// (`TopLevelSpec`), both read beside it: OpenAI's, and vLLM's `speculative_config`.
 #[derive(Deserialize)]
 pub(super) struct Shared {
     /// The served model's name; absent or null means the served model (one model per server).
@@ -69,24 +72,84 @@ pub(super) struct Shared {
     #[serde(default)]
     pub stream: bool,
     pub speculative_config: Option<SpecOverrides>,
-    pub num_speculative_tokens: Option<usize>,
-    pub prompt_lookup_max: Option<usize>,
-    pub prompt_lookup_min: Option<usize>,
+}
+
+/// The fields of `SpecOverrides` a body may give at its top level (vLLM's and Hugging Face's
+/// request fields); the others only inside `speculative_config`.
+const TOP_LEVEL_SPEC: &[&str] = &[
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+];
+
+/// The speculation settings a body gives at its top level: a `SpecOverrides` read from the
+/// fields `TOP_LEVEL_SPEC` names (each read as `SpecOverrides` reads it, a wrong value an error
+/// at its own path), the rest of the body passed over.
+pub(super) struct TopLevelSpec(pub SpecOverrides);
+
+impl<'de> Deserialize<'de> for TopLevelSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+
+        impl<'de> Visitor<'de> for Fields {
+            type Value = TopLevelSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevelSpec, A::Error> {
+                let mut given = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if TOP_LEVEL_SPEC.contains(&key.as_str()) {
+                        let value = map.next_value_seed(OneSpecField(&key))?;
+                        given.insert(key, value);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                spec_overrides(given).map(TopLevelSpec)
+            }
+        }
+
+        d.deserialize_struct("TopLevelSpec", TOP_LEVEL_SPEC, Fields)
+    }
+}
+
+/// The value of one top-level speculation field, checked by reading it as `SpecOverrides` does.
+struct OneSpecField<'a>(&'a str);
+
+impl<'de> DeserializeSeed<'de> for OneSpecField<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        let value = Value::deserialize(d)?;
+        spec_overrides::<D::Error>(serde_json::Map::from_iter([(
+            self.0.to_string(),
+            value.clone(),
+        )]))?;
+        Ok(value)
+    }
+}
+
+fn spec_overrides<E: de::Error>(
+    fields: serde_json::Map<String, Value>,
+) -> Result<SpecOverrides, E> {
+    SpecOverrides::deserialize(Value::Object(fields)).map_err(E::custom)
 }
 
 /// Settings holding those every API reads (the rest default, for the API's reader to fill).
-pub(super) fn settings(sampling: &SamplingSettings, shared: &Shared) -> Settings {
+pub(super) fn settings(
+    sampling: &SamplingSettings,
+    shared: &Shared,
+    speculation: &TopLevelSpec,
+) -> Settings {
     Settings {
         model: shared.model.clone(),
         generation: GenerationSettings {
             sampling: sampling.clone(),
             speculative_config: shared.speculative_config.clone(),
-            speculation: SpecOverrides {
-                num_speculative_tokens: shared.num_speculative_tokens,
-                prompt_lookup_max: shared.prompt_lookup_max,
-                prompt_lookup_min: shared.prompt_lookup_min,
-                ..Default::default()
-            },
+            speculation: speculation.0.clone(),
             ..Default::default()
         },
         stream: shared.stream,
@@ -94,7 +157,7 @@ pub(super) fn settings(sampling: &SamplingSettings, shared: &Shared) -> Settings
     }
 }
 
-/// The fields both completion endpoints read besides `Shared`.
+/// The fields both completion endpoints read besides the settings every API reads.
 #[derive(Deserialize)]
 pub(super) struct Completion {
     pub max_tokens: Option<usize>,
@@ -140,6 +203,7 @@ pub(super) struct TextFields {
 pub(super) struct WireRequest {
     pub sampling: SamplingSettings,
     pub shared: Shared,
+    pub speculation: TopLevelSpec,
     pub completion: Completion,
     pub prompt: Prompt,
 }
@@ -330,6 +394,7 @@ side_by_side!(A);
 side_by_side!(A, B);
 side_by_side!(A, B, C);
 side_by_side!(A, B, C, D);
+side_by_side!(A, B, C, D, E);
 
 /// One struct read from a checked body, a field of the wrong type a 400 naming it by its path;
 /// the error comes with the position of its field in the body.
@@ -388,25 +453,26 @@ pub(super) fn parse(
     lenient: bool,
 ) -> Result<WireRequest, ApiError> {
     let value = json_body(body)?;
-    Ok(match kind {
-        Kind::Chat => {
-            let (sampling, shared, completion, chat) = read_checked(value, &[], neutral, lenient)?;
-            WireRequest {
-                sampling,
-                shared,
-                completion,
-                prompt: Prompt::Chat(chat),
-            }
-        }
-        Kind::Text => {
-            let (sampling, shared, completion, text) = read_checked(value, &[], neutral, lenient)?;
-            WireRequest {
-                sampling,
-                shared,
-                completion,
-                prompt: Prompt::Text(text),
-            }
-        }
+    match kind {
+        Kind::Chat => read_wire(value, lenient, Prompt::Chat),
+        Kind::Text => read_wire(value, lenient, Prompt::Text),
+    }
+}
+
+/// A completion's body read with the endpoint's own fields `F`.
+fn read_wire<F: DeserializeOwned>(
+    value: Value,
+    lenient: bool,
+    prompt: fn(F) -> Prompt,
+) -> Result<WireRequest, ApiError> {
+    let (sampling, shared, speculation, completion, fields) =
+        read_checked(value, &[], neutral, lenient)?;
+    Ok(WireRequest {
+        sampling,
+        shared,
+        speculation,
+        completion,
+        prompt: prompt(fields),
     })
 }
 
@@ -462,14 +528,20 @@ mod tests {
 
     #[test]
     fn completions_read_what_they_accept() {
-        assert_reads_what_it_accepts::<(SamplingSettings, Shared, Completion, ChatFields)>(
-            &[],
-            neutral,
-        );
-        assert_reads_what_it_accepts::<(SamplingSettings, Shared, Completion, TextFields)>(
-            &[],
-            neutral,
-        );
+        assert_reads_what_it_accepts::<(
+            SamplingSettings,
+            Shared,
+            TopLevelSpec,
+            Completion,
+            ChatFields,
+        )>(&[], neutral);
+        assert_reads_what_it_accepts::<(
+            SamplingSettings,
+            Shared,
+            TopLevelSpec,
+            Completion,
+            TextFields,
+        )>(&[], neutral);
     }
 
     #[test]
@@ -496,9 +568,15 @@ mod tests {
     #[test]
     fn the_earliest_wrong_field_is_named() {
         let body = serde_json::json!({"max_tokens": "x", "temperature": "y", "messages": []});
-        let e = <(SamplingSettings, Shared, Completion, ChatFields)>::read(&body)
-            .err()
-            .unwrap();
+        let e = <(
+            SamplingSettings,
+            Shared,
+            TopLevelSpec,
+            Completion,
+            ChatFields,
+        )>::read(&body)
+        .err()
+        .unwrap();
         let first = body
             .as_object()
             .unwrap()
@@ -511,19 +589,24 @@ mod tests {
     /// JSON values whose object keys are mostly the request's own fields, so that the typed
     /// reading is reached with wrong types, nesting and values.
     fn request_like() -> impl Strategy<Value = Value> {
-        let keys: Vec<&'static str> =
-            <(SamplingSettings, Shared, Completion, ChatFields)>::fields()
-                .into_iter()
-                .chain([
-                    "messages",
-                    "prompt",
-                    "role",
-                    "content",
-                    "logit_bias",
-                    "tools",
-                    "x",
-                ])
-                .collect();
+        let keys: Vec<&'static str> = <(
+            SamplingSettings,
+            Shared,
+            TopLevelSpec,
+            Completion,
+            ChatFields,
+        )>::fields()
+        .into_iter()
+        .chain([
+            "messages",
+            "prompt",
+            "role",
+            "content",
+            "logit_bias",
+            "tools",
+            "x",
+        ])
+        .collect();
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),

@@ -9,7 +9,7 @@
 
 use super::error::ApiError;
 use super::output::Outputs;
-use super::request::{self, json_body, neutral, read_checked, Shared};
+use super::request::{self, json_body, neutral, read_checked, Shared, TopLevelSpec};
 use super::responses_items::{keep, response_object, Echo};
 use super::validate::{self, Conversation, Names, Settings};
 use super::{answer_model, finish, record, submit, unix_now};
@@ -28,11 +28,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-const NAMES: Names = Names {
-    prompt: "input",
-    max_tokens: "max_output_tokens",
-    tools: "tools",
-};
+const NAMES: Names = Names::new("input", "max_output_tokens");
 
 /// Responses fields accepted only with the value that changes nothing here.
 fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
@@ -59,7 +55,7 @@ fn responses_neutral(field: &str, v: &Value) -> Option<bool> {
 }
 
 /// A request: the settings every API reads, and the Responses API's own fields.
-type ResponsesRequest = (SamplingSettings, Shared, Fields);
+type ResponsesRequest = (SamplingSettings, Shared, TopLevelSpec, Fields);
 
 /// Fields read whose value `responses_neutral` checks first.
 const VALUE_CHECKED: &[&str] = &["reasoning"];
@@ -131,7 +127,7 @@ async fn answer(
 fn read(
     state: &AppState,
     tenant: Tenant,
-    (sampling, shared, req): &ResponsesRequest,
+    (sampling, shared, _, req): &ResponsesRequest,
 ) -> Result<(Conversation, Echo), ApiError> {
     let mut input = match &req.previous_response_id {
         Some(prev) => {
@@ -201,8 +197,8 @@ fn read(
             .clone()
             .unwrap_or(json!({"format": {"type": "text"}})),
         max_output_tokens: req.max_output_tokens,
-        temperature: sampling.temperature.unwrap_or(1.0),
-        top_p: sampling.top_p.unwrap_or(1.0),
+        temperature: sampling.temperature(),
+        top_p: sampling.top_p(),
         metadata: req.metadata.clone().map_or(json!({}), Value::Object),
         store: req.store.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
@@ -406,8 +402,8 @@ fn tools(req: &Fields, lenient: bool) -> Result<(Vec<Value>, Option<Tools>), Api
 }
 
 /// The settings under their common names; `text.format` as the output format.
-fn settings((sampling, shared, req): &ResponsesRequest) -> Result<Settings, ApiError> {
-    let shared = request::settings(sampling, shared);
+fn settings((sampling, shared, speculation, req): &ResponsesRequest) -> Result<Settings, ApiError> {
+    let shared = request::settings(sampling, shared, speculation);
     Ok(Settings {
         generation: GenerationSettings {
             max_tokens: req.max_output_tokens,

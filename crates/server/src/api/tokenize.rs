@@ -50,11 +50,7 @@ pub(super) async fn tokenize(
                 ))
             }
             (Some(prompt), None) => {
-                let names = Names {
-                    prompt: "prompt",
-                    max_tokens: "max_tokens",
-                    tools: "tools",
-                };
+                let names = Names::new("prompt", "max_tokens");
                 let text = prompt.clone();
                 let mut ids = validate::tokenize(&state, text, names.prompt).await?;
                 if req.add_special_tokens == Some(false) {

@@ -34,10 +34,26 @@ pub(super) struct ValidRequest {
 pub(super) struct Names {
     /// The field that holds the prompt (`messages`, `prompt`, `input`).
     pub prompt: &'static str,
-    /// The field that caps the output (`max_tokens`, `max_output_tokens`).
+    /// The field that caps the output (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`): the one the client sent.
     pub max_tokens: &'static str,
+    /// The field that asks for alternatives per token (`top_logprobs` in chat completions,
+    /// `logprobs` in text completions).
+    pub logprobs: &'static str,
     /// The field that holds the tools.
     pub tools: &'static str,
+}
+
+impl Names {
+    /// An API's names for its prompt and its cap; the rest as OpenAI names them.
+    pub(super) const fn new(prompt: &'static str, max_tokens: &'static str) -> Names {
+        Names {
+            prompt,
+            max_tokens,
+            logprobs: "logprobs",
+            tools: "tools",
+        }
+    }
 }
 
 /// A chat prompt as the template takes it.
@@ -228,7 +244,14 @@ fn config(
     let config = s
         .generation
         .config(&state.config.spec, ctx - prompt_len, names.max_tokens)
-        .map_err(|e| ApiError::bad_request(e.message, Some(e.field)))?;
+        .map_err(|e| {
+            let field = if e.field == "logprobs" {
+                names.logprobs
+            } else {
+                e.field
+            };
+            ApiError::bad_request(e.message, Some(field))
+        })?;
     if !config.response_format.is_text() {
         check_grammar(state, &config.response_format, s.format_field)?;
     }

@@ -444,9 +444,10 @@ fn the_weights_exponential_is_accurate() {
 /// last place, and a small positive number, never NaN, from -87 down to -inf.
 #[test]
 #[cfg(target_arch = "x86_64")]
+#[ignore = "needs AMX-BF16: run with --ignored on a CPU that has it (.ci/run does)"]
 fn the_tiles_exponential_is_accurate() {
     if !tiles_attend(Isa::Amx, 64) {
-        eprintln!("skipped: no AMX-BF16 here");
+        crate::cannot_run::cannot_run("no AMX-BF16 here");
         return;
     }
     let mut x: Vec<f32> = random_vec(4096, 78)
@@ -483,9 +484,10 @@ fn the_tiles_exponential_is_accurate() {
 /// on the rows beside it).
 #[test]
 #[cfg(target_arch = "x86_64")]
+#[ignore = "needs AVX-512: run with --ignored on a CPU that has it (.ci/run does)"]
 fn sums_reduced_together_equal_each_alone() {
     if !std::arch::is_x86_feature_detected!("avx512f") {
-        eprintln!("skipped: no AVX-512 here");
+        crate::cannot_run::cannot_run("no AVX-512 here");
         return;
     }
     for seed in 0..20u64 {
@@ -575,9 +577,10 @@ fn exp_tile(x: f32) -> f32 {
 /// and several, head sizes of 64, 128 and 256.
 #[test]
 #[cfg(target_arch = "x86_64")]
+#[ignore = "needs AMX-BF16: run with --ignored on a CPU that has it (.ci/run does)"]
 fn bf16_tiles_match_their_plain_arithmetic() {
     if !tiles_attend(Isa::Amx, 64) {
-        eprintln!("skipped: no AMX-BF16 here");
+        crate::cannot_run::cannot_run("no AMX-BF16 here");
         return;
     }
     for &(hd, group, len, rows) in &[

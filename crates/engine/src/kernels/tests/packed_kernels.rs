@@ -93,10 +93,11 @@ fn packed_kernels_match_the_natural_layout() {
 /// sub-block would overflow if they were widened too late). Every packed kernel gives the plain
 /// kernel's results.
 #[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "needs AVX2 (x86-64)")]
 fn packed_kernels_exact_at_extreme_values() {
     let packed_isas: Vec<Isa> = Isa::available().into_iter().filter(|i| i.packs()).collect();
     if packed_isas.is_empty() {
-        println!("skipped: this CPU has no AVX2");
+        crate::cannot_run::cannot_run("this CPU has no AVX2");
         return;
     }
     for &dtype in OWN.iter() {
@@ -157,13 +158,14 @@ fn packed_kernels_exact_at_extreme_values() {
 /// CPU without AMX, or where the OS refuses the tile state, this says why and checks nothing.
 #[cfg(target_arch = "x86_64")]
 #[test]
+#[ignore = "needs AMX-INT8: run with --ignored on a CPU that has it (.ci/run does)"]
 fn amx_kernels_match_the_reference_bit_for_bit() {
     if let Err(why) = isa::amx_status() {
-        println!("skipped: {why}");
+        crate::cannot_run::cannot_run(why);
         return;
     }
     if !Isa::Amx.is_available() {
-        println!("skipped: the CPU has AMX but not AVX-512 VNNI");
+        crate::cannot_run::cannot_run("the CPU has AMX but not AVX-512 VNNI");
         return;
     }
     for (ti, &dtype) in OWN.iter().enumerate() {
