@@ -177,6 +177,7 @@ fn submit(
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         tenant,
+        limits: req.limits,
         n: req.n,
         prompt: req.prompt,
         config: req.config,
