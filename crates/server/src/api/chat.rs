@@ -47,7 +47,14 @@ pub(super) async fn complete(
             validate::chat(state, conv, settings, kind.names()).await?
         }
         Prompt::Text(text) => {
-            validate::text(state, text_prompt(text)?, settings, kind.names()).await?
+            let prompt = text_prompt(text)?;
+            match text.suffix.clone().filter(|s| !s.is_empty()) {
+                Some(suffix) => {
+                    super::infill::with_suffix(state, prompt, suffix, settings, kind.names())
+                        .await?
+                }
+                None => validate::text(state, prompt, settings, kind.names()).await?,
+            }
         }
     };
     let meta = Meta {
