@@ -9,7 +9,9 @@
 //!   prefix`), and the model writes the middle after it. Chunks of other files go in front, in the
 //!   repository layout where the model has its tokens (`<|repo_name|>name`, then per file
 //!   `<|file_sep|>path\n text`, and `<|file_sep|>` before the file being edited), as plain text
-//!   sections otherwise.
+//!   sections otherwise;
+//! - every one of these tokens ends a middle the model writes (CodeLlama also has its own end,
+//!   `<EOT>`).
 //!
 //! A prompt longer than its budget loses first the oldest chunks, then the far end of the suffix
 //! (down to a quarter of the budget), then the start of the prefix.
@@ -42,6 +44,8 @@ pub struct FimTokens {
     /// The repository name's token and the file separator: the repository-level layout.
     pub repo: Option<u32>,
     pub file_sep: Option<u32>,
+    /// The token that ends a middle where the model has one of its own (CodeLlama's `<EOT>`).
+    pub eot: Option<u32>,
     pub order: FimOrder,
 }
 
@@ -53,6 +57,7 @@ struct Family {
     pad: Option<&'static str>,
     repo: Option<&'static str>,
     file_sep: Option<&'static str>,
+    eot: Option<&'static str>,
     order: FimOrder,
 }
 
@@ -71,6 +76,7 @@ const fn psm(
         pad,
         repo,
         file_sep,
+        eot: None,
         order: FimOrder::PrefixSuffixMiddle,
     }
 }
@@ -121,15 +127,18 @@ const FAMILIES: [Family; 7] = [
         None,
         None,
     ),
-    // CodeLlama: SentencePiece pieces with their leading space.
-    psm(
-        "\u{2581}<PRE>",
-        "\u{2581}<SUF>",
-        "\u{2581}<MID>",
-        None,
-        None,
-        None,
-    ),
+    // CodeLlama: SentencePiece pieces with their leading space, and its end of a middle.
+    Family {
+        eot: Some("\u{2581}<EOT>"),
+        ..psm(
+            "\u{2581}<PRE>",
+            "\u{2581}<SUF>",
+            "\u{2581}<MID>",
+            None,
+            None,
+            None,
+        )
+    },
     // Codestral: the suffix first, the middle right after the prefix.
     Family {
         prefix: "[PREFIX]",
@@ -138,12 +147,15 @@ const FAMILIES: [Family; 7] = [
         pad: None,
         repo: None,
         file_sep: None,
+        eot: None,
         order: FimOrder::SuffixPrefix,
     },
 ];
 
-/// CodeLlama's pieces as some conversions spell them, without the leading space.
+/// CodeLlama's pieces as some conversions spell them, without the leading space (and its end of
+/// a middle).
 const PLAIN_CODELLAMA: [&str; 3] = ["<PRE>", "<SUF>", "<MID>"];
+const PLAIN_CODELLAMA_EOT: &str = "<EOT>";
 
 /// The metadata keys of each token, newest name first.
 const KEYS: [(&str, &[&str]); 6] = [
@@ -190,10 +202,12 @@ impl FimTokens {
                     f.pad,
                     f.repo,
                     f.file_sep,
+                    f.eot,
                 ]
             })
             .flatten()
             .chain(PLAIN_CODELLAMA)
+            .chain([PLAIN_CODELLAMA_EOT])
             .collect();
         let mut by_text = HashMap::new();
         for (i, v) in vocab.iter().enumerate() {
@@ -231,6 +245,7 @@ impl FimTokens {
                 pad: f.pad.and_then(&id_of),
                 repo: f.repo.and_then(&id_of),
                 file_sep: f.file_sep.and_then(&id_of),
+                eot: f.eot.and_then(&id_of),
                 order: f.order,
             })
         });
@@ -243,6 +258,7 @@ impl FimTokens {
                 pad: None,
                 repo: None,
                 file_sep: None,
+                eot: id_of(PLAIN_CODELLAMA_EOT),
                 order: FimOrder::PrefixSuffixMiddle,
             })
         });
@@ -260,6 +276,7 @@ impl FimTokens {
                 pad: None,
                 repo: None,
                 file_sep: None,
+                eot: None,
                 order: FimOrder::PrefixSuffixMiddle,
             },
             _ => return None,
@@ -286,6 +303,7 @@ impl FimTokens {
             self.pad,
             self.repo,
             self.file_sep,
+            self.eot,
         ]
         .into_iter()
         .flatten()
@@ -482,10 +500,18 @@ mod tests {
         let t = detect_in(&deepseek, &[]).unwrap();
         assert_eq!((t.prefix, t.suffix, t.middle), (100, 101, Some(102)));
         assert!(!t.has_repo_layout());
-        let codellama = vocab(&["\u{2581}<PRE>", "\u{2581}<SUF>", "\u{2581}<MID>"]);
-        assert_eq!(detect_in(&codellama, &[]).unwrap().middle, Some(102));
-        let plain = vocab(&["<PRE>", "<SUF>", "<MID>"]);
-        assert_eq!(detect_in(&plain, &[]).unwrap().prefix, 100);
+        let codellama = vocab(&[
+            "\u{2581}<PRE>",
+            "\u{2581}<SUF>",
+            "\u{2581}<MID>",
+            "\u{2581}<EOT>",
+        ]);
+        let t = detect_in(&codellama, &[]).unwrap();
+        assert_eq!((t.middle, t.eot), (Some(102), Some(103)));
+        assert_eq!(t.all(), [100, 101, 102, 103]);
+        let plain = vocab(&["<PRE>", "<SUF>", "<MID>", "<EOT>"]);
+        let t = detect_in(&plain, &[]).unwrap();
+        assert_eq!((t.prefix, t.eot), (100, Some(103)));
         let starcoder = vocab(&["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>"]);
         let t = detect_in(&starcoder, &[]).unwrap();
         assert_eq!((t.file_sep, t.repo), (Some(103), None));
@@ -536,6 +562,7 @@ mod tests {
             pad: Some(4),
             repo: Some(5),
             file_sep: Some(6),
+            eot: None,
             order: FimOrder::PrefixSuffixMiddle,
         }
     }

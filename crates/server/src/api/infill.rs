@@ -111,12 +111,15 @@ fn fim_tokens(state: &AppState, field: &str) -> Result<FimTokens, ApiError> {
     })
 }
 
-/// The texts of the model's fill-in-the-middle tokens: stop strings, since a model that writes
-/// one has finished the middle.
+/// The texts of the model's fill-in-the-middle tokens, and of its BOS where prompts do not open
+/// with it (a separator between documents, Qwen's `<|endoftext|>`, with which such a model ends
+/// a middle): stop strings, since a model that writes one has finished the middle.
 fn markers(state: &AppState, fim: &FimTokens) -> Vec<String> {
     let tok = &state.lm.tokenizer;
+    let separator = tok.bos.filter(|_| !tok.add_bos);
     fim.all()
         .into_iter()
+        .chain(separator)
         .map(|id| String::from_utf8_lossy(tok.token_bytes(id)).into_owned())
         .filter(|t| !t.is_empty())
         .collect()
