@@ -6,6 +6,7 @@ pub mod chat;
 pub mod config;
 pub mod delta;
 pub mod error;
+pub mod fim;
 pub mod generate;
 pub mod generation;
 pub mod gguf;
@@ -63,6 +64,8 @@ pub struct LoadedModel {
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
+    /// The model's fill-in-the-middle tokens, if it has them (code models).
+    pub fim: Option<fim::FimTokens>,
 }
 
 impl LoadedModel {
@@ -108,6 +111,7 @@ impl LoadedModel {
             model,
             tokenizer,
             chat_template,
+            fim: fim::FimTokens::from_gguf(&file),
         })
     }
 

@@ -2,6 +2,8 @@
 //! boundaries (up to `max_num_seqs`, the rest wait in a bounded queue), every running sequence
 //! advances in the same forward pass through the engine's `step`, text goes back to each request's
 //! channel as it is accepted, and a sequence whose client went away is dropped within one step.
+//! A request may also set `Limits` (llama-server's time to generate and indentation, for
+//! completions in an editor): a sequence that reaches one ends after the step that reached it.
 //!
 //! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
 //! drafted rows stop being nearly free as the batch grows, nor as a sequence's context grows (each
@@ -32,7 +34,7 @@ use engine::{step, FinishReason, GenerationConfig, LoadedModel, PrefixCache, Seq
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Rows (last tokens plus drafts) per forward pass that speculation may fill for sampled
@@ -63,12 +65,38 @@ pub enum Event {
 
 pub struct Job {
     pub tenant: Tenant,
+    /// Limits besides the token budget (none by default).
+    pub limits: Limits,
     /// Choices to generate: the prompt is prefilled once and the cache forked for the others.
     pub n: usize,
     pub prompt: Vec<u32>,
     pub config: GenerationConfig,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
+}
+
+/// What a request may ask of its end besides its token budget, as llama-server's `/infill`
+/// takes it for completions in an editor: the sequence is cancelled (`FinishReason::Cancelled`)
+/// when one is reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// `t_max_predict_ms`: stop at the first newline generated once this long has passed since
+    /// the first token.
+    pub predict_time: Option<Duration>,
+    /// `n_indent`: stop at a line indented less than this (`engine::fim::indent_cut`); 0: off.
+    pub min_indent: usize,
+}
+
+impl Limits {
+    /// Whether a sequence whose first token came at `first_token` and whose text is `text`, of
+    /// which `new` is what the last step added, has reached a limit at `now`.
+    fn reached(&self, first_token: Option<Instant>, now: Instant, text: &str, new: &str) -> bool {
+        let late = match (self.predict_time, first_token) {
+            (Some(limit), Some(first)) => now - first > limit,
+            _ => false,
+        };
+        (late && new.contains('\n')) || engine::fim::indent_cut(text, self.min_indent).is_some()
+    }
 }
 
 pub struct Scheduler {
@@ -126,6 +154,9 @@ struct Running {
     events: UnboundedSender<Event>,
     arrived: Instant,
     first_token: Option<Instant>,
+    limits: Limits,
+    /// Bytes of the sequence's text that `limits` have been checked against.
+    checked: usize,
 }
 
 /// The draft cap per sequence for a batch of `n` that may fill `rows` rows per pass.
@@ -209,6 +240,7 @@ fn engine_loop(
             continue;
         }
         let now = Instant::now();
+        engine.apply_limits(now);
         engine.send_text(now);
         engine.fork_choices();
         engine.keep_prompts();
@@ -325,6 +357,22 @@ impl EngineLoop<'_> {
         Ok(())
     }
 
+    /// Ends the sequences that have reached one of their limits (before their text is sent, so
+    /// that all of it goes out: a cancelled sequence holds nothing back).
+    fn apply_limits(&mut self, now: Instant) {
+        for r in self.running.iter_mut() {
+            if r.limits == Limits::default() || r.seq.is_finished() {
+                continue;
+            }
+            let text = r.seq.text();
+            let new = text.get(r.checked..).unwrap_or_default();
+            if r.limits.reached(r.first_token, now, text, new) {
+                r.seq.cancel();
+            }
+            r.checked = r.seq.text().len();
+        }
+    }
+
     /// Sends each sequence's new text, with the log-probabilities behind it (the rest at the
     /// end), and times its first token.
     fn send_text(&mut self, now: Instant) {
@@ -374,6 +422,8 @@ impl EngineLoop<'_> {
                     events: r.events.clone(),
                     arrived: r.arrived,
                     first_token: None,
+                    limits: r.limits,
+                    checked: 0,
                 });
             }
         }
@@ -458,6 +508,8 @@ impl EngineLoop<'_> {
                     events: job.events,
                     arrived: job.arrived,
                     first_token: None,
+                    limits: job.limits,
+                    checked: 0,
                 });
             }
             Err(e) => {
@@ -486,6 +538,31 @@ mod tests {
         }
         let kept: Vec<usize> = spares.iter().map(|c| c.capacity()).collect();
         assert_eq!(kept, [30, 50], "the two largest, largest last");
+    }
+
+    #[test]
+    fn limits_stop_at_a_late_newline_or_a_shallow_line() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(50);
+        let timed = Limits {
+            predict_time: Some(Duration::from_millis(10)),
+            min_indent: 0,
+        };
+        assert!(timed.reached(Some(t0), later, "a\nb", "a\nb"));
+        assert!(
+            !timed.reached(Some(t0), later, "a\nb", "b"),
+            "no new newline"
+        );
+        let early = t0 + Duration::from_millis(5);
+        assert!(!timed.reached(Some(t0), early, "a\n", "a\n"), "in time");
+        assert!(!timed.reached(None, later, "a\n", "a\n"), "no token yet");
+        let indented = Limits {
+            predict_time: None,
+            min_indent: 4,
+        };
+        assert!(!indented.reached(None, later, "x\n    y", "y"));
+        assert!(indented.reached(None, later, "x\n  y", "y"));
+        assert!(!Limits::default().reached(Some(t0), later, "x\n\n", "\n"));
     }
 
     #[test]

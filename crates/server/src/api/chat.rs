@@ -54,7 +54,15 @@ pub(super) async fn complete(
             let conv = conversation(chat)?;
             validate::chat(state, conv, settings, names).await?
         }
-        Prompt::Text(text) => validate::text(state, text_prompt(text)?, settings, names).await?,
+        Prompt::Text(text) => {
+            let prompt = text_prompt(text)?;
+            match text.suffix.clone().filter(|s| !s.is_empty()) {
+                Some(suffix) => {
+                    super::infill::with_suffix(state, prompt, suffix, settings, names).await?
+                }
+                None => validate::text(state, prompt, settings, names).await?,
+            }
+        }
     };
     let meta = Meta {
         id: request_id(kind.id_prefix()),

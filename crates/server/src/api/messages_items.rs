@@ -15,7 +15,7 @@ pub(super) fn stop_reason(finish: &Finish) -> (&'static str, Value) {
     match finish {
         Finish::Stop { sequence: Some(s) } => ("stop_sequence", json!(s)),
         Finish::Stop { sequence: None } => ("end_turn", Value::Null),
-        Finish::Length => ("max_tokens", Value::Null),
+        Finish::Length | Finish::Limit => ("max_tokens", Value::Null),
         Finish::ToolCalls => ("tool_use", Value::Null),
     }
 }

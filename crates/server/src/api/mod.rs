@@ -1,6 +1,6 @@
 //! The HTTP API: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/responses`,
-//! Anthropic's `/v1/messages` (and `count_tokens`), vLLM's `/tokenize` and `/detokenize`, and
-//! `/v1/models`, `/health`, `/metrics`.
+//! Anthropic's `/v1/messages` (and `count_tokens`), llama-server's `/infill` (fill-in-the-middle,
+//! `infill`), vLLM's `/tokenize` and `/detokenize`, and `/v1/models`, `/health`, `/metrics`.
 //!
 //! Every generating request goes one way: `auth` (CORS, API key -> `Tenant`), the API's reader
 //! (`chat`, `responses`, `messages`: the body read and checked by name into the common
@@ -12,6 +12,7 @@
 mod auth;
 mod chat;
 mod error;
+mod infill;
 mod messages;
 mod messages_items;
 mod messages_stream;
@@ -57,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/infill", post(infill::infill))
         .route("/v1/responses", post(responses::create))
         .route(
             "/v1/responses/{id}",
@@ -177,6 +179,7 @@ fn submit(
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         tenant,
+        limits: req.limits,
         n: req.n,
         prompt: req.prompt,
         config: req.config,

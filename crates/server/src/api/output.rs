@@ -49,6 +49,9 @@ pub(super) enum Finish {
     Stop { sequence: Option<String> },
     /// The output cap or the context was reached.
     Length,
+    /// One of the request's other limits ended it (`scheduler::Limits`: `/infill`'s time to
+    /// generate and indentation).
+    Limit,
     /// The output ended in function calls.
     ToolCalls,
 }
@@ -189,8 +192,9 @@ impl Outputs {
                 };
                 let mut finish = match reason {
                     FinishReason::Length => Finish::Length,
-                    // The server ends a request a client left by dropping it.
-                    FinishReason::Stop | FinishReason::Cancelled => Finish::Stop { sequence: stop },
+                    FinishReason::Stop => Finish::Stop { sequence: stop },
+                    // A client that left gets nothing: the server cancels only for the limits.
+                    FinishReason::Cancelled => Finish::Limit,
                 };
                 let id_prefix = format!("{}-{index}", self.call_prefix);
                 let (rest, calls) = self.replies[index].finish(&id_prefix);

@@ -197,6 +197,9 @@ pub(super) struct TextFields {
     /// Required; `None` only when absent (a null is refused as not a string).
     #[serde(default, deserialize_with = "present")]
     pub prompt: Option<Value>,
+    /// The text after the completion: with it, the model fills in the middle between `prompt`
+    /// and `suffix` (`infill`).
+    pub suffix: Option<String>,
 }
 
 /// A chat or text completion as the client sent it.
@@ -238,7 +241,6 @@ pub(super) fn neutral(field: &str, v: &Value) -> Option<bool> {
         "logit_bias" | "metadata" => empty(v),
         "parallel_tool_calls" | "store" => v.is_null() || v.is_boolean(),
         "echo" => v.is_null() || v.as_bool() == Some(false),
-        "suffix" => v.is_null(),
         "best_of" => v.is_null() || v.as_u64() == Some(1),
         _ => return None,
     })

@@ -82,7 +82,8 @@ pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
 pub(super) fn finish_reason(f: &Finish) -> &'static str {
     match f {
         Finish::Stop { .. } => "stop",
-        Finish::Length => "length",
+        // As llama-server reports its limits on OpenAI's routes.
+        Finish::Length | Finish::Limit => "length",
         Finish::ToolCalls => "tool_calls",
     }
 }

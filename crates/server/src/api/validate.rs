@@ -27,6 +27,8 @@ pub(super) struct ValidRequest {
     /// How the output is read: as it is (text completions), for `<tool_call>` blocks (tools
     /// offered), or as harmony (a gpt-oss chat).
     pub reply: ReplyFormat,
+    /// Limits besides the token budget (`/infill`'s; none by default).
+    pub limits: crate::scheduler::Limits,
 }
 
 /// What an API calls the fields that errors name.
@@ -156,6 +158,17 @@ pub(super) async fn text(
     names: Names,
 ) -> Result<ValidRequest, ApiError> {
     let ids = tokenize(state, prompt, names.prompt).await?;
+    tokens(state, ids, settings, names)
+}
+
+/// Checks a text completion whose prompt is token ids (a fill-in-the-middle prompt, or a
+/// tokenized text): not empty, then its settings.
+pub(super) fn tokens(
+    state: &Arc<AppState>,
+    ids: Vec<u32>,
+    settings: Settings,
+    names: Names,
+) -> Result<ValidRequest, ApiError> {
     if ids.is_empty() {
         return Err(ApiError::bad_request(
             format!("{} must not be empty", names.prompt),
@@ -179,6 +192,7 @@ fn valid(
         stream: settings.stream,
         include_usage: settings.include_usage,
         reply,
+        limits: Default::default(),
     }
 }
 
