@@ -14,17 +14,30 @@ fn main() {
         (Some(c), Some(r)) => vec![(c.parse().unwrap(), r.parse().unwrap())],
         _ => vec![(1536, 8960), (8960, 1536)],
     };
-    println!("{threads} threads, {m} rows, kernels {:?}, prompt arithmetic {}", isa(), prompt_arithmetic());
+    println!(
+        "{threads} threads, {m} rows, kernels {:?}, prompt arithmetic {}",
+        isa(),
+        prompt_arithmetic()
+    );
     for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
         for &(cols, rows) in &shapes {
-            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+                .collect();
             let q = quantize(dtype, &w);
-            let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&q)).unwrap().packed_for(isa());
-            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 997) as f32 - 498.0) / 498.0).collect();
+            let mat = QMatrix::new(dtype, rows, cols, Bytes::owned(&q))
+                .unwrap()
+                .packed_for(isa());
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 31 % 997) as f32 - 498.0) / 498.0)
+                .collect();
             let mut out = vec![0f32; m * rows];
             let mut best = [f64::INFINITY; 2];
             for _ in 0..7 {
-                for (k, kind) in [RowKind::Prompt, RowKind::Generated].into_iter().enumerate() {
+                for (k, kind) in [RowKind::Prompt, RowKind::Generated]
+                    .into_iter()
+                    .enumerate()
+                {
                     let t = Instant::now();
                     matmul_many_rows(kind, &x, m, &mut [(&mat, &mut out)]);
                     best[k] = best[k].min(t.elapsed().as_secs_f64());

@@ -149,7 +149,10 @@ impl PrefixCache {
         // Every block is a prompt's (`Sequence::keep_prefix`): its products' arithmetic too, where
         // it is not the generated rows' (whose name alone keys the other classes' directories).
         let arithmetic = match crate::kernels::prompt_arithmetic_differs() {
-            true => format!("{attention}; prompt products {}", crate::kernels::prompt_arithmetic()),
+            true => format!(
+                "{attention}; prompt products {}",
+                crate::kernels::prompt_arithmetic()
+            ),
             false => attention.to_string(),
         };
         let key = model_key(model_path, shape, &arithmetic).map_err(|e| {

@@ -122,15 +122,26 @@ fn greedy(k: usize) -> GenerationConfig {
 /// Turn 1, then turn 2 (turn 1's prompt, its answer and a new question) through `prefix`: turn
 /// 2's output.
 fn second_turn(lm: &LoadedModel, prefix: Option<&mut PrefixCache>, k: usize) -> (Vec<u32>, usize) {
-    let first = vec![Message::new("user", "Write a Rust function that adds two numbers.")];
+    let first = vec![Message::new(
+        "user",
+        "Write a Rust function that adds two numbers.",
+    )];
     let render = |msgs: &[Message]| {
         let text = lm.render_chat(msgs).unwrap();
         lm.tokenizer.encode_prompt(&text).unwrap()
     };
     let mut prefix = prefix;
     let run = |prompt: Vec<u32>, prefix: Option<&mut PrefixCache>| {
-        engine::generate_reusing(&lm.model, &lm.tokenizer, prompt, greedy(k), 4096, prefix, |_| true)
-            .unwrap()
+        engine::generate_reusing(
+            &lm.model,
+            &lm.tokenizer,
+            prompt,
+            greedy(k),
+            4096,
+            prefix,
+            |_| true,
+        )
+        .unwrap()
     };
     let one = run(render(&first), prefix.as_deref_mut());
     let mut second = first.clone();
@@ -145,7 +156,15 @@ fn a_later_turn_from_the_prefix_cache_equals_a_cold_one() {
     let lm = model(MODEL);
     let path = models::resolve_model(MODEL).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let open = || PrefixCache::open(&path, lm.model.kv_shape(), 64 << 20, Some(dir.path()), 1 << 30);
+    let open = || {
+        PrefixCache::open(
+            &path,
+            lm.model.kv_shape(),
+            64 << 20,
+            Some(dir.path()),
+            1 << 30,
+        )
+    };
     for k in [0, 4] {
         let (cold, _) = second_turn(&lm, None, k);
         let mut memory = open().unwrap();

@@ -46,8 +46,10 @@ fn prompt_tiles(isa: Isa) -> bool {
 fn on_tiles(w: &QMatrix) -> bool {
     #[cfg(target_arch = "x86_64")]
     return w.packed.as_ref().is_some_and(|p| {
-        matches!(p.format, super::format::Format::Q4K | super::format::Format::Q6K)
-            && p.rows.is_multiple_of(super::x86::PROMPT_STRIP)
+        matches!(
+            p.format,
+            super::format::Format::Q4K | super::format::Format::Q6K
+        ) && p.rows.is_multiple_of(super::x86::PROMPT_STRIP)
     });
     #[cfg(not(target_arch = "x86_64"))]
     {

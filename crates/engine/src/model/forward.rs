@@ -487,9 +487,15 @@ impl Kinds {
         };
         let k = x.len() / n;
         for (kind, rows) in parts {
-            let xs: Vec<f32> = rows.iter().flat_map(|&r| &x[r * k..(r + 1) * k]).copied().collect();
-            let mut outs: Vec<Vec<f32>> =
-                jobs.iter().map(|(w, _)| vec![0f32; rows.len() * w.rows]).collect();
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| &x[r * k..(r + 1) * k])
+                .copied()
+                .collect();
+            let mut outs: Vec<Vec<f32>> = jobs
+                .iter()
+                .map(|(w, _)| vec![0f32; rows.len() * w.rows])
+                .collect();
             let mut part: Vec<(&QMatrix, &mut [f32])> = jobs
                 .iter()
                 .zip(outs.iter_mut())

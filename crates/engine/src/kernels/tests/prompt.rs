@@ -75,7 +75,11 @@ fn prompt_rows_do_not_depend_on_their_pass() {
             // The row among others: rows i.. (another tile position, another part tile).
             let rest = m - i;
             let tail = prompt_product(&x[i * cols..], rest, &w);
-            assert_eq!(tail[..rows], all[i * rows..][..rows], "{dtype:?} case {ci} row {i} at 0");
+            assert_eq!(
+                tail[..rows],
+                all[i * rows..][..rows],
+                "{dtype:?} case {ci} row {i} at 0"
+            );
         }
     }
 }

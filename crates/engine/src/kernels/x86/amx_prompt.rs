@@ -59,7 +59,10 @@ pub(crate) unsafe fn to_tiles(x: &[f32], m: usize, k: usize, r0: usize, out: &mu
     for i in 0..ROWS {
         let r = r0 + i;
         if r >= m {
-            out.iter_mut().skip(i).step_by(ROWS).for_each(|l| *l = Line::default());
+            out.iter_mut()
+                .skip(i)
+                .step_by(ROWS)
+                .for_each(|l| *l = Line::default());
             continue;
         }
         let row = x.as_ptr().add(r * k);
@@ -155,7 +158,10 @@ unsafe fn decode_q6k(blk: *const u8, j: usize, tile: *mut Line) {
     let low = Zmm::bytes(0x0F);
     let d = Zmm::f16s(blk.add(PACKED_D));
     for t in 2 * j..2 * j + 2 {
-        let s = _mm512_mul_ps(d, Zmm::cvt(Zmm::i8s_i32(blk.add(q6k::PACKED_SCALES + 16 * t))));
+        let s = _mm512_mul_ps(
+            d,
+            Zmm::cvt(Zmm::i8s_i32(blk.add(q6k::PACKED_SCALES + 16 * t))),
+        );
         let a = affine(s, _mm512_mul_ps(s, _mm512_set1_ps(-32.0)));
         let h = Zmm::load(blk.add(q6k::PACKED_QH + 64 * t));
         let ql = blk.add(q6k::PACKED_QL + 128 * t);

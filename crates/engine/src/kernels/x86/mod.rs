@@ -26,7 +26,8 @@ pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TI
 pub(crate) use amx_attention::BLOCK as TILE_BLOCK;
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
 pub(crate) use amx_prompt::{
-    peak_bf16 as peak_amx_bf16, products as prompt_products, to_tiles as prompt_to_tiles, Line as TileLine, STRIP as PROMPT_STRIP,
+    peak_bf16 as peak_amx_bf16, products as prompt_products, to_tiles as prompt_to_tiles,
+    Line as TileLine, STRIP as PROMPT_STRIP,
 };
 #[cfg(test)]
 pub(crate) use amx_softmax::{exp_tile_of, sums_at_once_and_alone};
