@@ -14,7 +14,7 @@
 
 use super::error::ApiError;
 use super::output::{Finish, Outputs, Piece, Usage};
-use super::request::{self, json_body, missing, read_checked, Shared, Stop};
+use super::request::{self, json_body, missing, read_checked, Shared, Stop, TopLevelSpec};
 use super::stream::{data, keep_alive, Chunk};
 use super::validate::{self, Names, Settings};
 use super::{answer_model, finish, record, submit};
@@ -196,8 +196,12 @@ async fn answer(
     tenant: Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (sampling, shared, fields): (SamplingSettings, Shared, InfillFields) =
-        read_checked(json_body(body)?, &[], neutral, state.config.lenient)?;
+    let (sampling, shared, speculation, fields): (
+        SamplingSettings,
+        Shared,
+        TopLevelSpec,
+        InfillFields,
+    ) = read_checked(json_body(body)?, &[], neutral, state.config.lenient)?;
     let fim = fim_tokens(state, "input_prefix")?;
     let prefix = fields.input_prefix.ok_or_else(|| missing("input_prefix"))?;
     let suffix = fields.input_suffix.ok_or_else(|| missing("input_suffix"))?;
@@ -212,7 +216,7 @@ async fn answer(
         .collect();
     let before = prefix + fields.prompt.as_deref().unwrap_or("");
 
-    let mut settings = request::settings(&llama_server_defaults(sampling), &shared);
+    let mut settings = request::settings(&llama_server_defaults(sampling), &shared, &speculation);
     let n_predict = fields.n_predict.or(fields.max_tokens);
     settings.generation.max_tokens = n_predict
         .and_then(|n| usize::try_from(n).ok())
@@ -227,6 +231,7 @@ async fn answer(
     let names = Names {
         prompt: "input_prefix",
         max_tokens: "n_predict",
+        logprobs: "n_probs",
         tools: "tools",
     };
     let output = settings.generation.max_tokens.unwrap_or(OUTPUT_ROOM);

@@ -33,14 +33,8 @@ const ACT_BLOCK_BYTES: usize = 3 << 19;
 
 /// 64 bytes: one tile row.
 #[repr(C, align(64))]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Line([u16; 32]);
-
-impl Default for Line {
-    fn default() -> Line {
-        Line([0; 32])
-    }
-}
 
 /// Every tile here is sixteen rows of 64 bytes: tmm0-3 sums, tmm4-5 activations, tmm6-7
 /// weights.
