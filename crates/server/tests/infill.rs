@@ -241,7 +241,9 @@ async fn llama_vim_requests_are_served_and_the_chunks_are_cached() {
         "truncated",
         "tokens_cached",
     ];
+    // As llama.vim sends it: an empty model and an empty key when none is set.
     let fim = json!({
+        "model": "",
         "id_slot": 0, "input_prefix": "import lib\n\n", "input_suffix": "\n",
         "input_extra": extra, "prompt": "y = lib.f3", "n_predict": 24, "stop": [],
         "n_indent": 0, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"],
@@ -250,6 +252,7 @@ async fn llama_vim_requests_are_served_and_the_chunks_are_cached() {
     });
     let r = client()
         .post(format!("{base}/infill"))
+        .header("Authorization", "Bearer ")
         .json(&fim)
         .send()
         .await

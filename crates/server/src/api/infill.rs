@@ -196,12 +196,15 @@ async fn answer(
     tenant: Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (sampling, shared, speculation, fields): (
+    let (sampling, mut shared, speculation, fields): (
         SamplingSettings,
         Shared,
         TopLevelSpec,
         InfillFields,
     ) = read_checked(json_body(body)?, &[], neutral, state.config.lenient)?;
+    // llama.vim sends `"model": ""` when none is set (llama-server reads no model): the served
+    // one.
+    shared.model = shared.model.filter(|m| !m.is_empty());
     let fim = fim_tokens(state, "input_prefix")?;
     let prefix = fields.input_prefix.ok_or_else(|| missing("input_prefix"))?;
     let suffix = fields.input_suffix.ok_or_else(|| missing("input_suffix"))?;
