@@ -60,7 +60,7 @@ impl Engine {
     #[new]
     // One argument per keyword of Python's `LLM(...)`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=16, prefix_cache_bytes=None, kv_cache_dtype="auto", prefix_cache_dir=None, prefix_cache_dir_bytes=16 << 30))]
+    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=engine::DEFAULT_MAX_NUM_SEQS, prefix_cache_bytes=None, kv_cache_dtype="auto", prefix_cache_dir=None, prefix_cache_dir_bytes=engine::DEFAULT_PREFIX_CACHE_DIR_BYTES))]
     fn new(
         py: Python<'_>,
         model: &str,
@@ -419,6 +419,12 @@ fn choice_json(tok: &engine::Tokenizer, index: usize, out: &GenerationOutput) ->
     })
 }
 
+/// The engine's defaults of `LLM`'s and `SamplingParams`' settings, as JSON (`settings::defaults`).
+#[pyfunction]
+fn defaults() -> String {
+    settings::defaults()
+}
+
 /// Checks `SamplingParams` (as JSON) the way `generate` will: a `ValueError` names the field.
 #[pyfunction]
 fn check_sampling(sampling: &str) -> PyResult<()> {
@@ -471,6 +477,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<draft::PyDrafter>()?;
     m.add_class::<draft::PyCorpus>()?;
     m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
+    m.add_function(wrap_pyfunction!(defaults, m)?)?;
     m.add_function(wrap_pyfunction!(parse_reply, m)?)?;
     Ok(())
 }

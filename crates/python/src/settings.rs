@@ -1,28 +1,20 @@
 //! `SamplingParams` as Python gives them (vLLM's names, passed as JSON by `pld/__init__.py`) into
 //! the engine's `GenerationConfig`, with the checks every surface makes: a wrong value is an error
-//! naming its field.
+//! naming its field. The sampling fields are the engine's `SamplingSettings` as they are, and
+//! their defaults the engine's (`defaults`, which `pld/__init__.py` shows as its own).
 
 use engine::{GenerationConfig, GenerationSettings, ResponseFormat, SamplingSettings};
 use serde::Deserialize;
 
-/// vLLM's `SamplingParams` fields that pld honours (unknown ones are refused by the Python class).
+/// vLLM's `SamplingParams` fields that pld honours (unknown ones are refused by the Python class;
+/// a `#[serde(flatten)]` struct cannot refuse them here).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Sampling {
     #[serde(default = "one")]
     pub n: usize,
-    #[serde(default = "one_f")]
-    pub temperature: f32,
-    #[serde(default = "one_f")]
-    pub top_p: f32,
-    #[serde(default)]
-    pub top_k: i64,
-    #[serde(default)]
-    pub min_p: f32,
-    #[serde(default = "one_f")]
-    pub repetition_penalty: f32,
-    #[serde(default)]
-    pub seed: Option<u64>,
+    /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `seed`.
+    #[serde(flatten)]
+    pub sampling: SamplingSettings,
     /// vLLM's default is 16 new tokens; `None` fills the context.
     #[serde(default)]
     pub max_tokens: Option<usize>,
@@ -53,8 +45,22 @@ fn one() -> usize {
     1
 }
 
-fn one_f() -> f32 {
-    1.0
+/// The engine's defaults of the settings `LLM` and `SamplingParams` take, as JSON: the sampling
+/// settings under their names, `max_num_seqs` and `prefix_cache_dir_bytes`.
+pub fn defaults() -> String {
+    let s = SamplingSettings::default();
+    serde_json::json!({
+        "sampling": {
+            "temperature": s.temperature(),
+            "top_p": s.top_p(),
+            "top_k": s.top_k(),
+            "min_p": s.min_p(),
+            "repetition_penalty": s.repetition_penalty(),
+        },
+        "max_num_seqs": engine::DEFAULT_MAX_NUM_SEQS,
+        "prefix_cache_dir_bytes": engine::DEFAULT_PREFIX_CACHE_DIR_BYTES,
+    })
+    .to_string()
 }
 
 /// A setting out of range: its field and what is wrong.
@@ -82,14 +88,7 @@ impl Sampling {
         engine::check_choices(self.n).map_err(|e| field(e.field, e.message))?;
         let settings = GenerationSettings {
             max_tokens: self.max_tokens,
-            sampling: SamplingSettings {
-                temperature: Some(self.temperature),
-                top_p: Some(self.top_p),
-                top_k: Some(self.top_k),
-                min_p: Some(self.min_p),
-                repetition_penalty: Some(self.repetition_penalty),
-                seed: self.seed,
-            },
+            sampling: self.sampling.clone(),
             stop: self
                 .stop
                 .iter()

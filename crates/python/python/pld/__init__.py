@@ -34,6 +34,11 @@ __all__ = [
 Prompt = Union[str, Sequence[int]]
 Messages = List[Dict[str, Any]]
 
+# The engine's defaults (`engine::SamplingSettings`, `DEFAULT_MAX_NUM_SEQS`,
+# `DEFAULT_PREFIX_CACHE_DIR_BYTES`), shown as the defaults of `SamplingParams` and `LLM`.
+_DEFAULTS: Dict[str, Any] = json.loads(_native.defaults())
+_SAMPLING: Dict[str, Any] = _DEFAULTS["sampling"]
+
 
 @dataclass
 class StructuredOutputsParams:
@@ -55,11 +60,11 @@ class SamplingParams:
     `ValueError` naming the field, as the server answers 400."""
 
     n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    temperature: float = _SAMPLING["temperature"]
+    top_p: float = _SAMPLING["top_p"]
+    top_k: int = _SAMPLING["top_k"]
+    min_p: float = _SAMPLING["min_p"]
+    repetition_penalty: float = _SAMPLING["repetition_penalty"]
     seed: Optional[int] = None
     max_tokens: Optional[int] = 16
     stop: Optional[Union[str, List[str]]] = None
@@ -193,7 +198,8 @@ class LLM:
     `prompt_lookup_min`, ...; Hugging Face's `prompt_lookup_num_tokens` is an alias); None keeps
     pld's defaults and `{"num_speculative_tokens": 0}` turns speculation off. `max_model_len`
     caps each sequence's context; `threads` sizes the compute pool (all cores by default; the
-    first LLM of a process sets it); `max_num_seqs` caps the sequences of one batch;
+    first LLM of a process sets it); `max_num_seqs` caps the sequences of one batch (the default is
+    `pld serve --max-num-seqs`'s);
     `prefix_cache_bytes` bounds the prefix cache (0: off; default an eighth of memory);
     `prefix_cache_dir` also keeps its blocks as files there, so that a later process starts from
     them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
@@ -208,11 +214,11 @@ class LLM:
         speculative_config: Optional[Dict[str, Any]] = None,
         max_model_len: Optional[int] = None,
         threads: Optional[int] = None,
-        max_num_seqs: int = 16,
+        max_num_seqs: int = _DEFAULTS["max_num_seqs"],
         prefix_cache_bytes: Optional[int] = None,
         kv_cache_dtype: str = "auto",
         prefix_cache_dir: Optional[str] = None,
-        prefix_cache_dir_bytes: int = 16 << 30,
+        prefix_cache_dir_bytes: int = _DEFAULTS["prefix_cache_dir_bytes"],
     ) -> None:
         spec = None if speculative_config is None else json.dumps(speculative_config)
         self._engine = _native.Engine(

@@ -9,11 +9,11 @@ class Engine:
         speculative_config: Optional[str] = None,
         max_model_len: Optional[int] = None,
         threads: Optional[int] = None,
-        max_num_seqs: int = 16,
+        max_num_seqs: int = ...,
         prefix_cache_bytes: Optional[int] = None,
         kv_cache_dtype: str = "auto",
         prefix_cache_dir: Optional[str] = None,
-        prefix_cache_dir_bytes: int = 17179869184,
+        prefix_cache_dir_bytes: int = ...,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -44,4 +44,5 @@ class Stream(Iterator[str]):
     def __next__(self) -> str: ...
 
 def check_sampling(sampling: str) -> None: ...
+def defaults() -> str: ...
 def parse_reply(text: str, id_prefix: str, harmony: bool, calls: bool) -> Tuple[str, str, str]: ...
