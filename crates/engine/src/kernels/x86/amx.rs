@@ -31,7 +31,7 @@
 // Tiles and sums are indexed by row and sub-block, as in the VNNI kernels.
 #![allow(clippy::needless_range_loop)]
 
-use super::packed::{q5_high, q6_high, FAR_BYTES, MXFP4_TABLE};
+use super::packed::{q5_high, q6_values, FAR_BYTES, MXFP4_TABLE};
 use super::width::{Width, Zmm};
 use crate::kernels::format::{q4_1, q4k, q5_0, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
@@ -285,14 +285,7 @@ unsafe fn unpack_kquant(format: Format, blk: *const u8, w: *mut u8) {
         let sc = Zmm::i8s_i32(blk.add(q6k::PACKED_SCALES + 16 * t));
         let sc16 = Zmm::pair16(sc, sc);
         for u in 0..2 {
-            let v = Zmm::load(ql.add(64 * u));
-            let (hl, hh) = if u == 0 {
-                (q6_high::<Zmm, 0>(h), q6_high::<Zmm, 1>(h))
-            } else {
-                (q6_high::<Zmm, 2>(h), q6_high::<Zmm, 3>(h))
-            };
-            let lo = Zmm::or(Zmm::and(v, low), hl);
-            let hi = Zmm::or(Zmm::and(Zmm::shr16::<4>(v), low), hh);
+            let (lo, hi) = q6_values::<Zmm>(Zmm::load(ql.add(64 * u)), h, u);
             put_scaled::<true>(_mm512_sub_epi8(lo, m32), sc16, 4 * t + 2 * u, w);
             put_scaled::<true>(_mm512_sub_epi8(hi, m32), sc16, 4 * t + 2 * u + 1, w);
         }

@@ -15,7 +15,7 @@
 //!   result depends on the row alone, never on the other rows of its pass.
 
 use super::amx::{load_config, release, Config};
-use super::packed::q6_high;
+use super::packed::q6_values;
 use super::width::{Width, Zmm};
 use crate::kernels::format::{q4k, q6k, Format, PACKED_D};
 use crate::kernels::packed::{Packed, ROWS};
@@ -149,7 +149,6 @@ unsafe fn decode_q4k(blk: *const u8, j: usize, tile: *mut Line) {
 /// B tile `j` of Q6_K unit `blk` at `tile`: sub-blocks `2j` and `2j + 1` (16 columns each).
 #[inline(always)]
 unsafe fn decode_q6k(blk: *const u8, j: usize, tile: *mut Line) {
-    let low = Zmm::bytes(0x0F);
     let d = Zmm::f16s(blk.add(PACKED_D));
     for t in 2 * j..2 * j + 2 {
         let s = _mm512_mul_ps(
@@ -162,14 +161,7 @@ unsafe fn decode_q6k(blk: *const u8, j: usize, tile: *mut Line) {
         // Sub-block t is the tile's rows 8 (t % 2) .. 8 (t % 2) + 8.
         let rows = tile.add(8 * (t % 2));
         for u in 0..2 {
-            let v = Zmm::load(ql.add(64 * u));
-            let (hl, hh) = if u == 0 {
-                (q6_high::<Zmm, 0>(h), q6_high::<Zmm, 1>(h))
-            } else {
-                (q6_high::<Zmm, 2>(h), q6_high::<Zmm, 3>(h))
-            };
-            let lo = Zmm::or(Zmm::and(v, low), hl);
-            let hi = Zmm::or(Zmm::and(Zmm::shr16::<4>(v), low), hh);
+            let (lo, hi) = q6_values::<Zmm>(Zmm::load(ql.add(64 * u)), h, u);
             put_pairs(lo, &a, rows.add(4 * u));
             put_pairs(hi, &a, rows.add(4 * u + 2));
         }

@@ -238,6 +238,23 @@ pub(super) unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
     }
 }
 
+/// Q6_K's 6-bit values of step `u` (0 or 1: eight columns) of a sub-block, from that step's 64
+/// bytes of low nibbles `v` and the sub-block's top bits `h`: the first four columns of each row
+/// (`lo`) and the next four (`hi`), as bytes.
+#[inline(always)]
+pub(super) unsafe fn q6_values<W: Width>(v: W::I, h: W::I, u: usize) -> (W::I, W::I) {
+    let low = W::bytes(0x0F);
+    let (hl, hh) = if u == 0 {
+        (q6_high::<W, 0>(h), q6_high::<W, 1>(h))
+    } else {
+        (q6_high::<W, 2>(h), q6_high::<W, 3>(h))
+    };
+    (
+        W::or(W::and(v, low), hl),
+        W::or(W::and(W::shr16::<4>(v), low), hh),
+    )
+}
+
 /// Packed Q6_K (see `packed`). As Q4_K, a super-block's sums are one integer per row and lane
 /// before any float: the scale times each sub-block's products, less 32 times the scale times its
 /// activation sum (the values are stored plus 32). With VNNI each sub-block's sums start from -32
@@ -245,7 +262,6 @@ pub(super) unsafe fn q6_high<W: Width, const I: u32>(h: W::I) -> W::I {
 /// the offsets are added at the end, two sub-blocks to a `vpmaddwd`.
 #[inline(always)]
 unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
-    let low = W::bytes(0x0F);
     let mut acc = at.start::<W, MR>();
     let (acts, l0) = (at.acts, at.lane0);
     let q = acts.q.as_ptr();
@@ -271,14 +287,7 @@ unsafe fn packed_q6k<W: Width, const VNNI: bool, const MR: usize>(at: &Tile) {
             // Values up to 63: two steps to a flush.
             const { assert!(steps_in_16_bits(63) >= 2) };
             for u in 0..2 {
-                let v = W::load(ql.add(64 * u));
-                let (hl, hh) = if u == 0 {
-                    (q6_high::<W, 0>(h), q6_high::<W, 1>(h))
-                } else {
-                    (q6_high::<W, 2>(h), q6_high::<W, 3>(h))
-                };
-                let lo = W::or(W::and(v, low), hl);
-                let hi = W::or(W::and(W::shr16::<4>(v), low), hh);
+                let (lo, hi) = q6_values::<W>(W::load(ql.add(64 * u)), h, u);
                 let x = q.add(at.r0 * k + s * 256 + 16 * t + 8 * u);
                 nibble_step(&mut sums, lo, hi, x, k);
                 sums.flush_scaled(sc16);
