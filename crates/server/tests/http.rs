@@ -965,18 +965,7 @@ async fn gauge(base: &str, name: &str) -> u64 {
 }
 
 async fn gauge_by(c: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let m = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(f64::NAN) as u64
+    metric_by(c, base, name).await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,18 +56,7 @@ fn number(v: &Value, key: &str) -> f64 {
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
-    let m = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
+    metric_by(&client(), base, name).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

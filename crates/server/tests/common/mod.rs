@@ -162,3 +162,19 @@ pub async fn run_client(script: &str, args: Vec<String>) {
     let args = [vec![format!("{dir}/{script}")], args].concat();
     run_python_with(args, Some(dir), script).await;
 }
+
+/// The value of metric `name` on the server at `base` (as `c` reads `/metrics`), NaN when absent.
+pub async fn metric_by(c: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let m = c
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}

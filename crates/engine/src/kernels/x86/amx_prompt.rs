@@ -168,45 +168,22 @@ unsafe fn decode_q6k(blk: *const u8, j: usize, tile: *mut Line) {
     }
 }
 
-/// The decoding of units `u0..u1` of the strip of groups `g` and `g + 1` into `w`, B tile by B
-/// tile: those of column step `c` (from `u0`) at `w + 32c` (group `g`'s) and `w + 32c + 16`
-/// (group `g + 1`'s).
-struct Decoding {
-    group: [*const u8; 2],
-    u0: usize,
-    w: *mut Line,
-    /// B tiles decoded, and in all.
-    done: usize,
-    tiles: usize,
-}
-
-impl Decoding {
-    fn new(p: &Packed, g: usize, (u0, u1): (usize, usize), w: *mut Line) -> Decoding {
-        let steps = (u1 - u0) * p.format.unit_cols() / STEP;
-        Decoding {
-            group: [p.group(g).as_ptr(), p.group(g + 1).as_ptr()],
-            u0,
-            w,
-            done: 0,
-            tiles: 2 * steps,
-        }
-    }
-
-    /// Decodes up to `n` more B tiles.
-    #[inline(always)]
-    unsafe fn run(&mut self, n: usize, format: Format) {
-        let bytes = format.packed_bytes();
-        let end = (self.done + n).min(self.tiles);
-        while self.done < end {
-            let (c, half) = (self.done / 2, self.done % 2);
-            let (u, j) = (self.u0 + c / 8, c % 8);
-            let blk = self.group[half].add(u * bytes);
-            let tile = self.w.add(2 * ROWS * c + ROWS * half);
-            match format {
-                Format::Q4K => decode_q4k(blk, j, tile),
-                _ => decode_q6k(blk, j, tile),
+/// Units `u0..u1` of the strip of groups `g` and `g + 1` decoded into `w`: the B tiles of column
+/// step `c` (from `u0`) at `w + 32c` (group `g`'s) and `w + 32c + 16` (group `g + 1`'s).
+#[inline(always)]
+unsafe fn decode_strip(p: &Packed, g: usize, (u0, u1): (usize, usize), w: *mut Line) {
+    let bytes = p.format.packed_bytes();
+    for half in 0..2 {
+        let group = p.group(g + half).as_ptr();
+        for u in u0..u1 {
+            let blk = group.add(u * bytes);
+            for j in 0..8 {
+                let tile = w.add(2 * ROWS * (8 * (u - u0) + j) + ROWS * half);
+                match p.format {
+                    Format::Q4K => decode_q4k(blk, j, tile),
+                    _ => decode_q6k(blk, j, tile),
+                }
             }
-            self.done += 1;
         }
     }
 }
@@ -352,7 +329,7 @@ pub(crate) unsafe fn products(
         let first = u0 == 0;
         let block_steps = (u1 - u0) * unit_steps;
         for s in s0..s1 {
-            Decoding::new(p, 2 * s, (u0, u1), w.as_mut_ptr()).run(usize::MAX, format);
+            decode_strip(p, 2 * s, (u0, u1), w.as_mut_ptr());
             let b = w.as_ptr();
             let sums = |t: usize| match partial && t == tiles - 1 {
                 true => Sums {
