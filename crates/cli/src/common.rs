@@ -40,40 +40,32 @@ pub struct KvCacheArgs {
     /// pass computed; q8_0 takes about half of bf16's (blocks of 32 int8s and an f16 scale,
     /// as llama.cpp's `-ctk q8_0 -ctv q8_0`; heads of a multiple of 32 dimensions). auto: bf16
     /// where attention runs on AMX tiles, else f32.
-    #[arg(long, value_enum, value_name = "DTYPE", default_value_t = KvCacheDtype::Auto)]
-    pub kv_cache_dtype: KvCacheDtype,
+    #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = kv_setting())]
+    pub kv_cache_dtype: KvSetting,
 }
 
-/// The values of `--kv-cache-dtype`.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum KvCacheDtype {
-    #[default]
-    Auto,
-    F16,
-    Bf16,
-    F32,
-    #[value(name = "q8_0")]
-    Q8_0,
+/// A `--kv-cache-dtype` value: a type (`engine::kernels::KvDtype`, which lists and parses the
+/// types), or `None` for `auto`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvSetting(pub Option<engine::kernels::KvDtype>);
+
+/// The parser of `--kv-cache-dtype`: the settings the engine lists (shown by `--help`).
+fn kv_setting() -> impl clap::builder::TypedValueParser<Value = KvSetting> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(engine::kernels::KvDtype::SETTINGS).map(|s| {
+        KvSetting(engine::kernels::KvDtype::setting(&s).expect("one of the listed settings"))
+    })
 }
 
-impl KvCacheDtype {
+impl KvSetting {
     /// The number type asked for, `None` for the model's default.
-    pub fn dtype(self) -> Option<engine::kv_cache::KvDtype> {
-        match self {
-            KvCacheDtype::Auto => None,
-            KvCacheDtype::F16 => Some(engine::kv_cache::KvDtype::F16),
-            KvCacheDtype::Bf16 => Some(engine::kv_cache::KvDtype::Bf16),
-            KvCacheDtype::F32 => Some(engine::kv_cache::KvDtype::F32),
-            KvCacheDtype::Q8_0 => Some(engine::kv_cache::KvDtype::Q8),
-        }
+    pub fn dtype(self) -> Option<engine::kernels::KvDtype> {
+        self.0
     }
 
-    /// As the flag spells it (clap's name for the value).
-    pub fn name(self) -> String {
-        use clap::ValueEnum;
-        self.to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
+    /// As the flag spells it.
+    pub fn name(self) -> &'static str {
+        self.0.map_or("auto", engine::kernels::KvDtype::name)
     }
 }
 

@@ -14,23 +14,9 @@
 //! is rounded once, when written; every later pass reads the same rounded number, so a
 //! speculative pass sees exactly what plain decoding sees and their tokens stay identical.
 
+pub use crate::kernels::KvDtype;
 use crate::kernels::{q8, KvElem, KvElems, KvHead, KvStored, ATTENTION_BLOCK};
 use half::{bf16, f16};
-
-/// The number type a cache stores its keys and values in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvDtype {
-    /// Half precision: half the memory and the bytes attention reads.
-    F16,
-    /// bfloat16 (f32's range, 8 bits of precision): half the memory, and on AMX the attention
-    /// products run on tiles. The default (`auto`).
-    Bf16,
-    /// Single precision: every digit the pass computed.
-    F32,
-    /// llama.cpp's `q8_0` in spirit: each block of 32 numbers an int8 times an f16 scale, 8.5
-    /// bits a number. Heads of a multiple of 32 dimensions.
-    Q8,
-}
 
 impl KvDtype {
     /// The type a model with heads of `hd` caches in unless told otherwise, on the kernel class in
@@ -44,44 +30,6 @@ impl KvDtype {
             KvDtype::Bf16
         } else {
             KvDtype::F32
-        }
-    }
-
-    /// Bytes of one stored number (q8: of its int8; `stored` counts its scales).
-    pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::Q8 => 1,
-            KvDtype::F16 | KvDtype::Bf16 => 2,
-            KvDtype::F32 => 4,
-        }
-    }
-
-    /// Stored numbers of one position of a head of `hd` dimensions, its key or its value: `hd`,
-    /// and for q8 two bytes of scale per block of 32 besides.
-    pub fn stored(self, hd: usize) -> usize {
-        match self {
-            KvDtype::Q8 => q8::stored(hd),
-            KvDtype::F16 | KvDtype::Bf16 | KvDtype::F32 => hd,
-        }
-    }
-
-    /// Whether heads of `hd` dimensions can be cached in this type: bf16 pairs dimensions, q8
-    /// takes blocks of 32.
-    pub fn fits(self, hd: usize) -> bool {
-        match self {
-            KvDtype::Bf16 => hd.is_multiple_of(2),
-            KvDtype::Q8 => q8::fits(hd),
-            KvDtype::F16 | KvDtype::F32 => true,
-        }
-    }
-
-    /// Its name, as `--kv-cache-dtype` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F16 => "f16",
-            KvDtype::Bf16 => "bf16",
-            KvDtype::F32 => "f32",
-            KvDtype::Q8 => "q8_0",
         }
     }
 }

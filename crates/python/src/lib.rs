@@ -74,18 +74,8 @@ impl Engine {
         prefix_cache_dir_bytes: u64,
     ) -> PyResult<Self> {
         let spec = draft::spec_config(speculative_config)?;
-        let kv_dtype = match kv_cache_dtype {
-            "auto" => None,
-            "f16" | "float16" | "half" => Some(KvDtype::F16),
-            "bf16" | "bfloat16" => Some(KvDtype::Bf16),
-            "f32" | "float32" | "float" => Some(KvDtype::F32),
-            "q8_0" | "q8" | "int8" => Some(KvDtype::Q8),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "kv_cache_dtype must be \"auto\", \"f16\", \"bf16\", \"f32\" or \"q8_0\", not {other:?}"
-                )))
-            }
-        };
+        let kv_dtype = KvDtype::setting(kv_cache_dtype)
+            .map_err(|e| PyValueError::new_err(format!("kv_cache_dtype: {e}")))?;
         if threads == Some(0) {
             return Err(PyValueError::new_err("threads must be at least 1"));
         }

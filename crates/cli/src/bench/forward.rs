@@ -62,7 +62,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .args(["--context", &a.context.to_string()])
                 .args(["--repeats", &a.repeats.to_string()])
                 .args(["--prefill-tokens", &a.prefill_tokens.to_string()])
-                .args(["--kv-cache-dtype", &a.kv.kv_cache_dtype.name()])
+                .args(["--kv-cache-dtype", a.kv.kv_cache_dtype.name()])
                 .args(["--threads", &n.to_string()])
                 .stderr(std::process::Stdio::inherit())
                 .output()?;

@@ -36,28 +36,7 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
 /// best of a few runs. `None` for the plain implementation. With `bandwidth`, the physical limit
 /// of a pass over n rows is max(weight bytes / bandwidth, n x multiply-adds per row / this).
 pub fn int8_peak_gmacs() -> Option<f64> {
-    let isa = super::isa();
-    if !isa.packs() {
-        return None;
-    }
-    super::isa::assert_available(isa);
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::{x86, Isa};
-        // SAFETY: the CPU can run `isa` (asserted above), whose features each loop needs.
-        Some(per_thread_peak(&|iters| unsafe {
-            match isa {
-                Isa::Avx512Vnni | Isa::Amx => x86::peak_avx512_vnni(iters),
-                Isa::Avx512 => x86::peak_avx512(iters),
-                Isa::Avx2Vnni if Isa::avx_vnni_encoding() => x86::peak_avx_vnni(iters),
-                Isa::Avx2Vnni => x86::peak_avx_vnni_evex(iters),
-                Isa::Avx2 => x86::peak_avx2(iters),
-                Isa::Scalar => unreachable!("the plain implementation has no int8 loop"),
-            }
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    peak(super::isa().kernels().int8_peak, 1)
 }
 
 /// The AMX int8 multiply-add peak over the pool's threads, in G multiply-adds per second, when
@@ -66,40 +45,14 @@ pub fn int8_peak_gmacs() -> Option<f64> {
 /// over at least `AMX_MIN_ROWS` rows run on tiles (of 32 or 16 columns per product: half or a
 /// quarter of this); `int8_peak_gmacs` stays the peak of the one-row passes' VNNI kernels.
 pub fn amx_int8_peak_gmacs() -> Option<f64> {
-    let isa = super::isa();
-    if isa != super::Isa::Amx {
-        return None;
-    }
-    super::isa::assert_available(isa);
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the CPU has AMX-INT8 and this process the tile permission (`Amx` is available,
-        // asserted above).
-        Some(per_thread_peak(&|iters| unsafe {
-            super::x86::peak_amx(iters / 4)
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    peak(super::isa().kernels().tile_int8_peak, 4)
 }
 
 /// With AMX-BF16 (the Amx class's prompt rows and attention over a bf16 cache): the bf16 peak
 /// of tiles over the pool's threads, G multiply-adds per second, measured as
 /// `amx_int8_peak_gmacs` is.
 pub fn amx_bf16_peak_gmacs() -> Option<f64> {
-    if !super::prompt_arithmetic_differs() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the CPU has AMX-BF16 and this process the tile permission
-        // (`prompt_arithmetic_differs` asks both).
-        Some(per_thread_peak(&|iters| unsafe {
-            super::x86::peak_amx_bf16(iters / 4)
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    peak(super::isa().kernels().tile_bf16_peak, 4)
 }
 
 /// The f32 multiply-add peak of the attention kernels in use, in G multiply-adds per second over
@@ -108,25 +61,15 @@ pub fn amx_bf16_peak_gmacs() -> Option<f64> {
 /// plain implementation. Attention's scores and weighted values are f32 multiply-adds: this is
 /// their compute limit, as the int8 peak is the products'.
 pub fn f32_peak_gmacs() -> Option<f64> {
-    let isa = super::isa();
-    if isa == super::Isa::Scalar {
-        return None;
-    }
-    super::isa::assert_available(isa);
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the CPU can run `isa` (asserted above): AVX-512 F, AVX2 and FMA for the
-        // 512-bit loop, AVX2 and FMA for any other vector class.
-        Some(per_thread_peak(&|iters| unsafe {
-            if isa.avx512() {
-                super::x86::fma_peak_avx512(iters)
-            } else {
-                super::x86::fma_peak_avx2(iters)
-            }
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    peak(super::isa().kernels().f32_peak, 1)
+}
+
+/// The rate of the class's loop `run` (`None`: it has none) over the pool's threads, a
+/// `per`-th of the iterations per call (tile loops take longer a step).
+fn peak(run: Option<super::table::Peak>, per: usize) -> Option<f64> {
+    let run = run?;
+    // SAFETY: the loop is from the table of a class the CPU runs (`Isa::kernels`).
+    Some(per_thread_peak(&|iters| unsafe { run(iters / per) }))
 }
 
 /// The sum over the pool's threads of each one's best rate (G per second) of `run(iters)`, which

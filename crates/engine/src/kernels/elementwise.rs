@@ -1,6 +1,7 @@
 //! The small float loops of the decoder layer (dot product, RMSNorm, softmax, SwiGLU, GeGLU), each
 //! with its plain version.
 
+use super::online_softmax::exp_lane;
 #[cfg(target_arch = "x86_64")]
 use super::{isa::has_avx2, x86};
 
@@ -73,28 +74,6 @@ pub fn softmax_scalar(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
-}
-
-/// ln 2 in two parts for the exponentials' range reduction (x - n ln 2 as x - n LN2_HI - n
-/// LN2_LO): LN2_HI has few enough bits that n LN2_HI is exact for every n they see.
-pub(crate) const LN2_HI: f32 = 0.693_145_75;
-pub(crate) const LN2_LO: f32 = 1.428_606_8e-6;
-
-/// e^x exactly as the vector kernels compute it (`x86::exp8`), for one number: the same
-/// operations in the same order, so the same bits. x is clamped to [-87, 88]; x = n ln 2 + r,
-/// e^r by its Taylor series to degree 7, times 2^n.
-#[inline(always)]
-#[allow(clippy::manual_clamp)] // as the vector max and min do, a NaN becomes -87 (clamp keeps it)
-pub fn exp_lane(x: f32) -> f32 {
-    let x = x.max(-87.0).min(88.0);
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-n).mul_add(LN2_HI, x);
-    let r = (-n).mul_add(LN2_LO, r);
-    let mut p = 1.0f32 / 5040.0;
-    for c in [720.0f32, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0] {
-        p = p.mul_add(r, 1.0 / c);
-    }
-    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
 /// `gate = silu(gate) * up`, the SwiGLU activation.

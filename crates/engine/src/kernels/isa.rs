@@ -3,8 +3,10 @@
 
 use std::sync::OnceLock;
 
-/// Which implementation of the quantized dot products runs. Every one but `Scalar` computes with
-/// the packed (interleaved) weight layout, and all of those give the same results bit for bit.
+/// A kernel class: which implementation of the kernels runs (`Isa::kernels`, its table). Every
+/// one but `Scalar` computes products with the packed (interleaved) weight layout. Within a class
+/// a row's results never depend on what shares its pass; classes may differ from one another
+/// where their tables name an arithmetic of their own (the Amx class's tiles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
@@ -111,18 +113,8 @@ impl Isa {
         features().avx_vnni
     }
 
-    /// Whether the kernels of `self` use 512-bit registers (the packed products and attention).
-    pub fn avx512(self) -> bool {
-        matches!(self, Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx)
-    }
-
-    /// Whether the products use AVX-512 VNNI's kernels (`Amx` too, for the passes it leaves to
-    /// them).
-    pub fn vnni512(self) -> bool {
-        matches!(self, Isa::Avx512Vnni | Isa::Amx)
-    }
-
-    /// Whether products go through the packed (interleaved) weight layout: every SIMD class.
+    /// Whether products go through the packed (interleaved) weight layout: every SIMD class
+    /// (its table has packed products).
     pub fn packs(self) -> bool {
         self != Isa::Scalar
     }
@@ -217,6 +209,18 @@ mod tests {
         if let Some(lacking) = ALL.iter().find(|i| !i.is_available()) {
             let e = requested(Some(lacking.name())).unwrap_err();
             assert!(e.contains("cannot run"), "{e}");
+        }
+    }
+
+    #[test]
+    fn each_class_has_its_own_table() {
+        for isa in Isa::available() {
+            let k = isa.kernels();
+            assert_eq!(k.name, isa.name());
+            assert_eq!(isa.packs(), k.packed_rows.is_some(), "{isa:?}");
+            // Only a class that runs tiles has their loops.
+            assert_eq!(k.tile_rows.is_some(), isa == Isa::Amx, "{isa:?}");
+            assert!(k.prompt_rows.is_none() || isa == Isa::Amx, "{isa:?}");
         }
     }
 }

@@ -1,19 +1,23 @@
-//! Compute kernels of the forward pass: quantized matrix products for few activation rows, and the
-//! float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU, attention).
+//! Compute kernels of the forward pass: quantized matrix products, attention over the KV cache,
+//! and the float parts of the decoder layer (dot, RMSNorm, softmax, SwiGLU).
 //!
 //! The formats the models use (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4) have our own kernels
-//! (`quant` in plain Rust, `x86` with AVX2, AVX-VNNI, AVX-512 or AVX-512 VNNI chosen at run time):
-//! activations are quantized once per product to 8 bits per 32 values, and every weight sub-block
-//! is decoded once and applied to all activation rows while it is in registers. Other formats
-//! (F32, F16, Q5_1, Q2_K, ...) go through candle's `GgmlType` dot products. Either way each output
-//! element's value does not depend on how many rows share the pass, so plain and speculative
-//! decoding produce bit-identical logits.
+//! (`quant` in plain Rust, `x86` with AVX2, AVX-VNNI, AVX-512, AVX-512 VNNI and AMX tiles chosen
+//! at run time): activations are quantized once per product to 8 bits per 32 values, and every
+//! weight sub-block is decoded once and applied to all activation rows while it is in registers.
+//! Other formats (F32, F16, Q5_1, Q2_K, ...) go through candle's `GgmlType` dot products. Either
+//! way each output element's value does not depend on how many rows share the pass, so plain and
+//! speculative decoding produce bit-identical logits. A class may give a prompt's rows an
+//! arithmetic of their own (`prompt`: AMX's bf16 tiles), the same for every pass they are in.
 //!
-//! `format` describes each of our formats once; `quant` quantizes activations and has the plain
-//! products; `packed` interleaves weights for the SIMD kernels (AVX2 or AVX-512, with or without
-//! VNNI); `x86` has the SIMD kernels by family; this file, `attention` and `elementwise` choose
-//! among them. Imports go that way only, except that x86's attention kernels take a typed `KvHead`
-//! (`attention::KvOf`) and call `softmax` from above.
+//! Which kernels a class runs is its table (`table::Kernels`, one file per class: `table::SCALAR`,
+//! `x86::classes`); `Isa::kernels` (here) hands out the table of the class in use, and every
+//! dispatcher asks the table: this file for the products, `attention` for attention per KV type
+//! (`kv`: the stored types, `q8`: the q8 cache's format, `online_softmax`: the scalar steps every
+//! attention path shares), `prompt` for a prompt's rows, `bandwidth` for the peaks. `format`
+//! describes each weight format once; `quant` quantizes activations and has the plain products;
+//! `packed` interleaves weights for the SIMD kernels. Imports go from the dispatchers to the
+//! tables to the kernels and the formats, never back (`tools/circles/circles.py`).
 //!
 //! # Where `unsafe` lives
 //!
@@ -22,9 +26,9 @@
 //! - SIMD intrinsics: every function in `x86/`, and the AVX2 activation quantizer in `quant.rs`,
 //!   is `unsafe` because it is compiled for instructions the CPU may not have and reads through
 //!   raw pointers unchecked (each says what it needs under `# Safety`). Their callers (this file,
-//!   `attention.rs`, `elementwise.rs`, `quant.rs`) make sure of it: the entry points that take an
-//!   `Isa` assert that the CPU runs it (`isa::assert_available`), the float loops ask `has_avx2`,
-//!   and both check the shapes the kernel reads.
+//!   `attention.rs`, `elementwise.rs`, `quant.rs`) make sure of it: they call a class's kernels
+//!   through its table, which `Isa::kernels` hands out only for a class the CPU runs, the float
+//!   loops ask `has_avx2`, and both check the shapes the kernel reads.
 //! - Raw output pointers for parallel writers: `parallel.rs` hands disjoint pieces of one buffer
 //!   to the pool's threads, and the products in this file write their own columns of a shared
 //!   output; `pool.rs` lends a job's closure to the workers for no longer than `run` lasts.
@@ -39,21 +43,20 @@ mod dtype;
 mod elementwise;
 pub mod format;
 mod isa;
+mod kv;
 mod matrix;
+mod online_softmax;
 pub mod packed;
 mod parallel;
 pub mod pool;
 mod prompt;
 pub mod q8;
 pub mod quant;
+mod table;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub(crate) use attention::ATTENTION_BLOCK;
-pub use attention::{
-    attend, attend_rows, attend_with, attention_arithmetic, tiles_attend, KvElem, KvElems, KvHead,
-    KvStored, TreeMask,
-};
+pub use attention::{attend, attend_rows, attend_with, attention_arithmetic, tiles_attend};
 pub use bandwidth::{
     amx_bf16_peak_gmacs, amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth,
 };
@@ -63,9 +66,12 @@ pub use elementwise::{
     swiglu_scalar,
 };
 pub use isa::{amx_status, isa, Isa};
+pub use kv::{KvDtype, KvElem, KvElems, KvHead, KvStored, TreeMask, Visible};
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};
+pub(crate) use online_softmax::ATTENTION_BLOCK;
 pub use parallel::{par_chunks_mut, par_split_mut};
 pub use prompt::{matmul_many_rows, prompt_arithmetic, prompt_arithmetic_differs, RowKind};
+pub use table::Kernels;
 
 use format::Format;
 use isa::assert_available;
@@ -73,6 +79,26 @@ use matrix::{blocks, dispatch};
 use packed::Packed;
 use parallel::OutPtr;
 use quant::QuantizedActs;
+
+impl Isa {
+    /// The table of kernels of this class (panics unless the CPU runs it): the one place that
+    /// maps a class to its kernels. Each class's table is in its own file (`x86::classes`).
+    pub fn kernels(self) -> &'static Kernels {
+        assert_available(self);
+        #[cfg(target_arch = "x86_64")]
+        return match self {
+            Isa::Scalar => &table::SCALAR,
+            Isa::Avx2 => &x86::classes::AVX2,
+            Isa::Avx2Vnni if Isa::avx_vnni_encoding() => &x86::classes::AVX2_VNNI,
+            Isa::Avx2Vnni => &x86::classes::AVX2_VNNI_EVEX,
+            Isa::Avx512 => &x86::classes::AVX512,
+            Isa::Avx512Vnni => &x86::classes::AVX512_VNNI,
+            Isa::Amx => x86::classes::amx(),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        &table::SCALAR
+    }
+}
 
 /// `out[i, j] = sum_k x[i, k] * w[j, k]` for `m` activation rows: `x` is `m x w.cols`, `out` is
 /// `m x w.rows`, both row-major.
@@ -95,10 +121,10 @@ pub fn matmul_many(x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
 /// weights (a block that stays in L2 with them).
 const PACKED_ACT_BYTES: usize = 512 * 1024;
 
-/// The fewest activation rows the AMX class takes to its tiles; fewer go to the AVX-512 VNNI
-/// kernels (the same results, bit for bit), which are faster there: on qwen-coder-1.5b (Intel
-/// Xeon with AMX, 2 threads, alone) a 16-row pass took 122-124 ms on tiles against 105-110 ms on
-/// VNNI, a 32-row pass 162-165 ms against 188-191 ms.
+/// The fewest activation rows the Amx class takes to its int8 tiles; fewer go to the AVX-512
+/// VNNI kernels (the same results, bit for bit), which are faster there: on qwen-coder-1.5b
+/// (Intel Xeon with AMX, 2 threads, alone) a 16-row pass took 122-124 ms on tiles against
+/// 105-110 ms on VNNI, a 32-row pass 162-165 ms against 188-191 ms.
 pub const AMX_MIN_ROWS: usize = 32;
 
 /// Activation rows handled together per pass over a chunk of weight rows (keeps them in L2).
@@ -110,20 +136,20 @@ thread_local! {
 
 /// `matmul_many` with a chosen implementation (panics if the CPU cannot run it).
 pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
-    assert_available(isa);
+    let k = isa.kernels();
     if m == 0 {
         return;
     }
-    let own = own_kernels(x, m, jobs, isa);
+    let own = own_kernels(x, m, jobs, k);
     if own.is_empty() {
         return;
     }
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        quantize_acts(isa, x, m, &own, &mut acts);
+        quantize_acts(isa, k, x, m, &own, &mut acts);
         let acts = &*acts;
         let work = work_items(&own, pool::global().threads());
-        pool::global().run(work.len(), &|i| run_item(isa, m, &own, acts, work[i]));
+        pool::global().run(work.len(), &|i| run_item(k, m, &own, acts, work[i]));
     });
 }
 
@@ -136,7 +162,7 @@ fn own_kernels<'a>(
     x: &[f32],
     m: usize,
     jobs: &'a mut [(&QMatrix, &mut [f32])],
-    isa: Isa,
+    k: &Kernels,
 ) -> Vec<Job<'a>> {
     let mut own = Vec::new();
     for (w, out) in jobs.iter_mut() {
@@ -144,7 +170,7 @@ fn own_kernels<'a>(
         assert_eq!(out.len(), m * w.rows, "output shape");
         match Format::from_type(w.dtype) {
             Some(f) if w.cols % f.act_block() == 0 => {
-                if let (Some(p), true) = (&w.packed, isa.packs()) {
+                if let (Some(p), true) = (&w.packed, k.packed_rows.is_some()) {
                     // The packed kernel reads the activations over the packed copy's columns.
                     assert!(
                         p.format == f && p.rows == w.rows && p.cols == w.cols,
@@ -165,14 +191,20 @@ fn own_kernels<'a>(
 
 /// The activations quantized once for every job, in each block size a job's format takes
 /// (slot 0: 32, slot 1: 256).
-fn quantize_acts(isa: Isa, x: &[f32], m: usize, own: &[Job<'_>], acts: &mut [QuantizedActs; 2]) {
+fn quantize_acts(
+    isa: Isa,
+    kernels: &Kernels,
+    x: &[f32],
+    m: usize,
+    own: &[Job<'_>],
+    acts: &mut [QuantizedActs; 2],
+) {
     let k = own[0].1.cols;
     for (slot, block) in [(0usize, 32usize), (1, 256)] {
         if own.iter().any(|(f, _, _)| f.act_block() == block) {
             acts[slot].quantize_with(isa, x, m, k, block);
-            // Passes on AMX tiles read the integers in tile order.
-            if isa == Isa::Amx
-                && m >= AMX_MIN_ROWS
+            // Passes on tiles read the integers in tile order.
+            if kernels.tile_rows.is_some_and(|(min, _)| m >= min)
                 && k.is_multiple_of(64)
                 && own
                     .iter()
@@ -180,10 +212,9 @@ fn quantize_acts(isa: Isa, x: &[f32], m: usize, own: &[Job<'_>], acts: &mut [Qua
             {
                 acts[slot].tile();
             }
-            // Only the natural-layout 512-bit tiles (unpacked matrices) read the spread
-            // scales.
+            // Only some kernels over unpacked matrices read the spread scales.
             if block == 32
-                && isa.vnni512()
+                && kernels.dot_rows.is_some_and(|(_, spread)| spread)
                 && own
                     .iter()
                     .any(|(f, w, _)| f.act_block() == 32 && w.packed.is_none())
@@ -214,7 +245,7 @@ fn work_items(own: &[Job<'_>], threads: usize) -> Vec<(usize, usize, usize)> {
 /// One work item: rows `j0..j1` of job `ji`'s matrix against every activation row, by the
 /// packed kernel where the matrix has a packed copy the CPU can run, else row by row.
 fn run_item(
-    isa: Isa,
+    kernels: &Kernels,
     m: usize,
     own: &[Job<'_>],
     acts: &[QuantizedActs; 2],
@@ -222,23 +253,22 @@ fn run_item(
 ) {
     let (f, w, out_ptr) = own[ji];
     let a = &acts[if f.act_block() == 32 { 0 } else { 1 }];
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(p), true) = (&w.packed, isa.packs()) {
-        if isa == Isa::Amx && m >= AMX_MIN_ROWS {
+    if let (Some(p), Some(packed_rows)) = (&w.packed, kernels.packed_rows) {
+        if let Some((_, tile_rows)) = kernels.tile_rows.filter(|(min, _)| m >= *min) {
             // Whole tiles of rows, as many as stay in L2 with a group's weights; each call
             // unpacks a group's weights once for all of its rows.
-            let block = (PACKED_ACT_BYTES / w.cols).next_multiple_of(x86::TILE_ROWS);
+            let block = (PACKED_ACT_BYTES / w.cols).next_multiple_of(16);
             for r0 in (0..m).step_by(block) {
                 let rows = block.min(m - r0);
-                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`: AMX with the
-                // tile permission, and AVX-512 VNNI); `a` holds the m rows quantized over
+                // SAFETY: the table is of a class the CPU runs (`Isa::kernels`); `a` holds the
+                // m rows quantized over
                 // w.cols = p.cols columns in the format's blocks (a multiple of 64: the packed
                 // unit), its integers padded to whole tiles of 16 rows and in tile order
                 // (`quantize_acts`), and r0 is a multiple of 16; the writes, rows r0..r0 + rows
                 // at columns j0..j1, stay inside `out` (m * n) and belong to this work item
                 // alone.
                 unsafe {
-                    x86::packed_rows_amx(
+                    tile_rows(
                         p,
                         j0 / packed::ROWS,
                         j1 / packed::ROWS,
@@ -265,11 +295,11 @@ fn run_item(
             let rows = block.min(m - r0);
             for g in j0 / packed::ROWS..j1 / packed::ROWS {
                 let at = r0 * w.rows + g * packed::ROWS;
-                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`); `a` holds
-                // the m rows quantized over w.cols = p.cols columns in the format's blocks;
-                // the writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
+                // SAFETY: the table is of a class the CPU runs (`Isa::kernels`); `a` holds the
+                // m rows quantized over w.cols = p.cols columns in the format's blocks; the
+                // writes, rows r0..r0 + rows at columns 16g..16g + 16, stay inside `out`
                 // (m * n) and belong to this work item alone.
-                unsafe { packed_kernel(isa, p, g, a, r0, rows, out_ptr.get().add(at), w.rows) };
+                unsafe { packed_rows(p, g, a, r0, rows, out_ptr.get().add(at), w.rows) };
             }
         }
         return;
@@ -283,7 +313,7 @@ fn run_item(
         let g = (m - g0).min(ROW_GROUP);
         for j in j0..j1 {
             dot_rows(
-                isa,
+                kernels,
                 f,
                 &wb[j * row_bytes..(j + 1) * row_bytes],
                 a,
@@ -301,36 +331,13 @@ fn run_item(
 
 /// One weight row against activation rows `r0..r0 + out.len()`.
 #[inline]
-fn dot_rows(isa: Isa, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        use x86::*;
-        macro_rules! call {
-            ($code:expr) => {
-                // SAFETY: the CPU can run `isa` (asserted by `matmul_many_with`), and `acts`
-                // holds rows r0..r0 + out.len() of whole blocks over the row's columns.
-                unsafe {
-                    if isa.vnni512() {
-                        dot_rows_vnni::<{ $code }>(wrow, acts, r0, out)
-                    } else {
-                        dot_rows_avx2::<{ $code }>(wrow, acts, r0, out)
-                    }
-                }
-            };
-        }
-        match f {
-            Format::Q4_0 => call!(Q4_0),
-            Format::Q4_1 => call!(Q4_1),
-            Format::Q5_0 => call!(Q5_0),
-            Format::Q8_0 => call!(Q8_0),
-            Format::Q4K => call!(Q4K),
-            Format::Q6K => call!(Q6K),
-            Format::Mxfp4 => call!(MXFP4),
-        }
-        return;
+fn dot_rows(k: &Kernels, f: Format, wrow: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    match k.dot_rows {
+        // SAFETY: the table is of a class the CPU runs (`Isa::kernels`), and `acts` holds rows
+        // r0..r0 + out.len() of whole blocks over the row's columns.
+        Some((dot_rows, _)) => unsafe { dot_rows(f, wrow, acts, r0, out) },
+        None => quant::dot_rows_scalar(f, wrow, acts, r0, out),
     }
-    let _ = isa;
-    quant::dot_rows_scalar(f, wrow, acts, r0, out)
 }
 
 /// The packed kernel alone (for timing it), with the implementation in use: weight rows
@@ -348,8 +355,9 @@ pub fn packed_rows(
     stride: usize,
 ) {
     let isa = isa();
-    assert!(isa.packs(), "the packed kernels need SIMD ({isa:?} in use)");
-    assert_available(isa);
+    let Some(kernel) = isa.kernels().packed_rows else {
+        panic!("the packed kernels need SIMD ({isa:?} in use)")
+    };
     assert!(g < p.rows / packed::ROWS, "no group {g}");
     assert!(
         acts.k == p.cols && acts.block == p.format.act_block() && m <= acts.rows.saturating_sub(r0),
@@ -362,48 +370,10 @@ pub fn packed_rows(
         m == 0 || last_end.is_some_and(|end| end <= out.len()),
         "output too short"
     );
-    // SAFETY: the CPU can run `isa` (asserted); `acts` holds rows r0..r0 + m over the packed
-    // columns in the format's blocks; every write, 16 floats at r * stride for r < m, is inside
-    // `out` (checked above).
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        packed_kernel(isa, p, g, acts, r0, m, out.as_mut_ptr(), stride)
-    };
-}
-
-/// The packed kernel of `isa`.
-///
-/// # Safety
-/// The CPU can run `isa`, which packs; `acts` holds rows `r0..r0 + m` quantized over `p.cols`
-/// columns in the format's blocks; `out` is valid for writes of `(m - 1) * stride + 16` floats.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn packed_kernel(
-    isa: Isa,
-    p: &Packed,
-    g: usize,
-    acts: &QuantizedActs,
-    r0: usize,
-    m: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    // SAFETY (each call): the CPU has the features of `isa` (the caller's promise), which are the
-    // ones the kernel named needs; the rest is passed on as promised.
-    unsafe {
-        match isa {
-            // One group's rows, the timing tool's unit: AMX leaves those to VNNI (`matmul` takes
-            // many groups and rows to the tiles).
-            Isa::Avx512Vnni | Isa::Amx => x86::packed_rows_vnni(p, g, acts, r0, m, out, stride),
-            Isa::Avx512 => x86::packed_rows_avx512(p, g, acts, r0, m, out, stride),
-            Isa::Avx2Vnni if Isa::avx_vnni_encoding() => {
-                x86::packed_rows_avx_vnni(p, g, acts, r0, m, out, stride)
-            }
-            Isa::Avx2Vnni => x86::packed_rows_avx_vnni_evex(p, g, acts, r0, m, out, stride),
-            Isa::Avx2 => x86::packed_rows_avx2(p, g, acts, r0, m, out, stride),
-            Isa::Scalar => unreachable!("the scalar implementation does not pack"),
-        }
-    }
+    // SAFETY: the table is of a class the CPU runs (`Isa::kernels`); `acts` holds rows
+    // r0..r0 + m over the packed columns in the format's blocks; every write, 16 floats at
+    // r * stride for r < m, is inside `out` (checked above).
+    unsafe { kernel(p, g, acts, r0, m, out.as_mut_ptr(), stride) };
 }
 
 fn matmul_typed<T: GgmlType>(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {

@@ -16,10 +16,6 @@
 //! `x86::attend_rows_q8_*`, whole here for the plain loops) gives the same bits everywhere, and a
 //! row's result does not depend on what shares its pass.
 
-use super::attention::{attend_rows, KvElems, KvHead, TreeMask};
-use super::isa::Isa;
-#[cfg(target_arch = "x86_64")]
-use super::x86;
 use half::f16;
 
 /// Numbers per block: one scale each.
@@ -133,84 +129,4 @@ pub fn dequantize(
             *o = value(values, hd, vs, t, d);
         }
     }
-}
-
-/// `attend_rows` over a q8 head: on a vector class, block by block dequantized into L1 for the
-/// f32 kernels (`x86::attend_rows_q8_avx512`, `_avx2`); otherwise the whole head dequantized and
-/// given to the plain loops. Every path computes on the same f32 numbers, so every one gives the
-/// bits of the plain loops over an f32 cache holding them.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_rows_q8(
-    isa: Isa,
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    kv: KvHead<'_>,
-    scale: f32,
-    sinks: Option<&[f32]>,
-    tree: Option<TreeMask<'_>>,
-    out: &mut [f32],
-) {
-    let KvElems::Q8 { keys, values } = kv.elems else {
-        unreachable!("a q8 head")
-    };
-    let KvHead {
-        hd,
-        len,
-        key_stride: ks,
-        value_stride: vs,
-        ..
-    } = kv;
-    assert!(fits(hd) && vs == stored(hd), "a q8 head of {hd} dimensions");
-    assert!(
-        len <= ks && keys.len() >= (stored(hd) - 1) * ks + len && values.len() >= len * vs,
-        "q8 cache too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        let head = x86::Q8Head {
-            keys,
-            values,
-            hd,
-            ks,
-            len,
-        };
-        thread_local! {
-            static BUFFERS: std::cell::RefCell<x86::Q8Buffers> = Default::default();
-        }
-        // SAFETY: `attend_rows` asserted that the CPU runs `isa` (AVX2, FMA and F16C at least;
-        // AVX-512 F, BW and VL for its 512-bit classes) and the shapes of queries and outputs;
-        // the head's bytes were checked just above; hd is a multiple of 32.
-        return BUFFERS.with_borrow_mut(|b| unsafe {
-            if isa.avx512() {
-                x86::attend_rows_q8_avx512(q, q_stride, rows, head, scale, sinks, tree, out, b)
-            } else {
-                x86::attend_rows_q8_avx2(q, q_stride, rows, head, scale, sinks, tree, out, b)
-            }
-        });
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
-    let (mut kf, mut vf) = (vec![0f32; hd * len], vec![0f32; len * hd]);
-    dequantize(
-        (keys, values),
-        (hd, ks, vs),
-        (0, len),
-        (&mut kf, len),
-        &mut vf,
-    );
-    let f32_head = KvHead::new(&kf, &vf, len, hd, hd, len);
-    let mut scratch = Vec::new();
-    attend_rows(
-        Isa::Scalar,
-        q,
-        q_stride,
-        rows,
-        f32_head,
-        scale,
-        sinks,
-        tree,
-        &mut scratch,
-        out,
-    );
 }

@@ -45,6 +45,12 @@ pub struct QuantizedActs {
     pub(crate) tiled: Vec<i8>,
 }
 
+/// One block of activations to 8 bits (`quant::quantize_block`'s arithmetic): returns the scale.
+///
+/// # Safety
+/// `xs.len()` is a multiple of 32 and `qs` as long.
+pub(crate) type QuantizeBlock = unsafe fn(&[f32], &mut [i8]) -> f32;
+
 impl QuantizedActs {
     /// Quantizes `rows` rows of `k` values in blocks of `block` (`k` a multiple of it).
     pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, block: usize) {
@@ -60,7 +66,7 @@ impl QuantizedActs {
         k: usize,
         block: usize,
     ) {
-        super::isa::assert_available(isa);
+        let quantizer = isa.kernels().quantize_block;
         // Whole blocks of whole 32s: the block quantizers write 32 values at a time.
         assert!(
             block > 0 && block.is_multiple_of(32) && k.is_multiple_of(block),
@@ -103,7 +109,7 @@ impl QuantizedActs {
         }
         super::pool::global().run(runs, &|i| {
             let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-            part.quantize(isa, block);
+            part.quantize(quantizer, block);
         });
         self.q6k_offsets.clear();
         self.offsets32.clear();
@@ -198,14 +204,14 @@ impl<'a> Blocks<'a> {
         )
     }
 
-    fn quantize(&mut self, isa: super::Isa, block: usize) {
+    fn quantize(&mut self, quantizer: Option<QuantizeBlock>, block: usize) {
         for (b, (xs, qs)) in self
             .x
             .chunks_exact(block)
             .zip(self.q.chunks_exact_mut(block))
             .enumerate()
         {
-            let d = quantize_block(isa, xs, qs);
+            let d = quantize_block(quantizer, xs, qs);
             self.d[b] = d;
             for (g, grp) in qs.chunks_exact(32).enumerate() {
                 let sum: i32 = grp.iter().map(|&v| v as i32).sum();
@@ -222,14 +228,12 @@ impl<'a> Blocks<'a> {
 
 /// One block to 8 bits: the scale `amax / 127`, and each value divided by it, rounded to nearest
 /// even.
-fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if isa != super::Isa::Scalar {
-        // SAFETY: the CPU has AVX2 whenever `isa` is not Scalar (`quantize_with` asserted that it
-        // can run `isa`); the block is a multiple of 32 long and `qs` as long as `xs`.
-        return unsafe { quantize_block_avx2(xs, qs) };
+fn quantize_block(quantizer: Option<QuantizeBlock>, xs: &[f32], qs: &mut [i8]) -> f32 {
+    if let Some(quantize) = quantizer {
+        // SAFETY: the quantizer is from the table of a class the CPU runs (`Isa::kernels`); the
+        // block is a multiple of 32 long and `qs` as long as `xs`.
+        return unsafe { quantize(xs, qs) };
     }
-    let _ = isa;
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -247,7 +251,7 @@ fn quantize_block(isa: super::Isa, xs: &[f32], qs: &mut [i8]) -> f32 {
 /// The CPU must have AVX2; `qs.len() == xs.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
+pub(crate) unsafe fn quantize_block_avx2(xs: &[f32], qs: &mut [i8]) -> f32 {
     use std::arch::x86_64::*;
     let n = xs.len();
     let p = xs.as_ptr();

@@ -3,8 +3,8 @@
 //! batch of rows and as a node of a draft tree.
 
 use super::*;
-use crate::kernels::attention::ElemKind;
-use crate::kernels::elementwise::{exp_lane, LN2_HI, LN2_LO};
+use crate::kernels::kv::ElemKind;
+use crate::kernels::online_softmax::{exp_lane, LN2_HI, LN2_LO};
 use half::bf16;
 
 /// The textbook attention of one query head over the positions `seen` of `kv`, in f64: scores

@@ -31,9 +31,9 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::amx::{load_config, release, Config};
-use super::amx_softmax::{store_bf16, tile_weights};
-use crate::kernels::attention::ATTENTION_BLOCK;
-use crate::kernels::attention::{normalize, KvOf, KvStored, TreeMask};
+use super::amx_softmax::{store_bf16, tile_weights, BLOCK};
+use crate::kernels::kv::{KvOf, KvStored, TreeMask};
+use crate::kernels::online_softmax::{normalize, ATTENTION_BLOCK};
 use half::bf16;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -41,12 +41,6 @@ use std::sync::OnceLock;
 
 /// Query rows per tile.
 const T: usize = 16;
-
-/// Positions taken at a time on tiles: four of the vector kernels' blocks, so that each output
-/// tile loaded gathers the weighted values of 256 positions before it is stored, and each
-/// query's maximum and sum are reduced once for them. Blocks start at multiples of this in the
-/// positions a row sees, so a row's result never depends on what shares its pass.
-pub(crate) const BLOCK: usize = 4 * ATTENTION_BLOCK;
 
 /// Query tiles taken through a block together (`block_tiles`): two, whose scores (32 KB) and
 /// weights (16 KB) stay near the first-level cache; four were 4% slower on 64-row passes at 16k.

@@ -8,9 +8,14 @@
 // Queries and vectors are indexed by lane.
 #![allow(clippy::needless_range_loop)]
 
-use super::amx_attention::BLOCK;
-use crate::kernels::elementwise::{LN2_HI, LN2_LO};
+use crate::kernels::online_softmax::{ATTENTION_BLOCK, LN2_HI, LN2_LO};
 use std::arch::x86_64::*;
+
+/// Positions taken at a time on tiles: four of the vector kernels' blocks, so that each output
+/// tile loaded gathers the weighted values of 256 positions before it is stored, and each
+/// query's maximum and sum are reduced once for them. Blocks start at multiples of this in the
+/// positions a row sees, so a row's result never depends on what shares its pass.
+pub(crate) const BLOCK: usize = 4 * ATTENTION_BLOCK;
 
 /// Queries per tile.
 const T: usize = 16;

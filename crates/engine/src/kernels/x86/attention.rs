@@ -14,10 +14,8 @@
 
 use super::online_softmax::BlockWeights;
 use super::width::{Width, Ymm, Zmm};
-use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
-use crate::kernels::attention::{
-    attend_plain, normalize, ElemKind, KvElem, KvOf, TreeMask, Visible,
-};
+use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask, Visible};
+use crate::kernels::online_softmax::{attend_plain, normalize, ATTENTION_BLOCK as BLOCK};
 use std::arch::x86_64::*;
 
 /// Queries whose scores, weights and values are computed together for a block: one score tile

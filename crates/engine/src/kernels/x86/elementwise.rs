@@ -2,7 +2,7 @@
 //! exponential.
 
 use super::hsum;
-use crate::kernels::elementwise::{LN2_HI, LN2_LO};
+use crate::kernels::online_softmax::{LN2_HI, LN2_LO};
 use std::arch::x86_64::*;
 
 /// # Safety

@@ -1,7 +1,10 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
-//! `amx` (the packed products on AMX int8 tiles, for many generated rows), `amx_prompt` (prompt rows' products on bf16 tiles), `attention` (with `online_softmax`, its weights of a block; `amx_attention` over a bf16 cache on tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax,
-//! SwiGLU). All are `unsafe`: they may only run on a CPU with the features their
+//! `amx` (the packed products on AMX int8 tiles, for many generated rows),
+//! `amx_prompt` (prompt rows' products on bf16 tiles), `attention` (with `online_softmax`, its
+//! weights of a block; `q8_attention` over a q8 cache; `amx_attention` over a bf16 cache on
+//! tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax, SwiGLU). `classes`
+//! says which of them each x86 class runs (its table). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
 use super::format::Format;
@@ -12,6 +15,7 @@ mod amx_attention;
 mod amx_prompt;
 mod amx_softmax;
 mod attention;
+pub(crate) mod classes;
 mod elementwise;
 mod online_softmax;
 mod packed;
@@ -22,13 +26,13 @@ mod sums;
 mod width;
 
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
-#[cfg(test)]
-pub(crate) use amx_attention::BLOCK as TILE_BLOCK;
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
 pub(crate) use amx_prompt::{
     peak_bf16 as peak_amx_bf16, products as prompt_products, to_tiles as prompt_to_tiles,
     Line as TileLine, STRIP as PROMPT_STRIP,
 };
+#[cfg(test)]
+pub(crate) use amx_softmax::BLOCK as TILE_BLOCK;
 #[cfg(test)]
 pub(crate) use amx_softmax::{exp_tile_of, sums_at_once_and_alone};
 pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
@@ -41,8 +45,8 @@ pub(crate) use peak::{
     fma_peak_avx2, fma_peak_avx512, peak_avx2, peak_avx512, peak_avx512_vnni, peak_avx_vnni,
     peak_avx_vnni_evex,
 };
-pub(crate) use products::{dot_rows_avx2, dot_rows_vnni};
-pub(crate) use q8_attention::{attend_rows_q8_avx2, attend_rows_q8_avx512, Q8Buffers, Q8Head};
+pub(crate) use products::{dot_rows_avx2_of, dot_rows_vnni_of};
+pub(crate) use q8_attention::{attend_rows_q8_avx2, attend_rows_q8_avx512};
 
 // The formats as the kernels' const parameters (see `Format::from_code`).
 pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;

@@ -4,7 +4,7 @@
 use super::elementwise::{exp16, exp8};
 use super::hsum;
 use super::width::{Ymm, Zmm};
-use crate::kernels::attention::ATTENTION_BLOCK as BLOCK;
+use crate::kernels::online_softmax::ATTENTION_BLOCK as BLOCK;
 use std::arch::x86_64::*;
 
 /// The largest of the eight lanes.

@@ -639,3 +639,47 @@ pub(crate) unsafe fn dot_rows_vnni<const F: u8>(
         r += 1;
     }
 }
+
+/// `dot_rows_avx2` for a format given at run time.
+///
+/// # Safety
+/// As `dot_rows_avx2` for that format.
+pub(crate) unsafe fn dot_rows_avx2_of(
+    f: Format,
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    match f {
+        Format::Q4_0 => dot_rows_avx2::<Q4_0>(wrow, acts, r0, out),
+        Format::Q4_1 => dot_rows_avx2::<Q4_1>(wrow, acts, r0, out),
+        Format::Q5_0 => dot_rows_avx2::<Q5_0>(wrow, acts, r0, out),
+        Format::Q8_0 => dot_rows_avx2::<Q8_0>(wrow, acts, r0, out),
+        Format::Q4K => dot_rows_avx2::<Q4K>(wrow, acts, r0, out),
+        Format::Q6K => dot_rows_avx2::<Q6K>(wrow, acts, r0, out),
+        Format::Mxfp4 => dot_rows_avx2::<MXFP4>(wrow, acts, r0, out),
+    }
+}
+
+/// `dot_rows_vnni` for a format given at run time.
+///
+/// # Safety
+/// As `dot_rows_vnni` for that format.
+pub(crate) unsafe fn dot_rows_vnni_of(
+    f: Format,
+    wrow: &[u8],
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
+    match f {
+        Format::Q4_0 => dot_rows_vnni::<Q4_0>(wrow, acts, r0, out),
+        Format::Q4_1 => dot_rows_vnni::<Q4_1>(wrow, acts, r0, out),
+        Format::Q5_0 => dot_rows_vnni::<Q5_0>(wrow, acts, r0, out),
+        Format::Q8_0 => dot_rows_vnni::<Q8_0>(wrow, acts, r0, out),
+        Format::Q4K => dot_rows_vnni::<Q4K>(wrow, acts, r0, out),
+        Format::Q6K => dot_rows_vnni::<Q6K>(wrow, acts, r0, out),
+        Format::Mxfp4 => dot_rows_vnni::<MXFP4>(wrow, acts, r0, out),
+    }
+}

@@ -7,27 +7,21 @@
 use super::attention::{attend_rows_wide, Spans};
 use super::online_softmax::BlockWeights;
 use super::width::{Width, Ymm, Zmm};
-use crate::kernels::attention::{KvOf, TreeMask, ATTENTION_BLOCK as BLOCK};
+use crate::kernels::kv::{KvOf, Q8Head, TreeMask};
+use crate::kernels::online_softmax::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::q8;
 use std::arch::x86_64::*;
-
-/// A q8 head as `kernels::q8` lays it out: `hd` dimensions, key rows `ks` bytes apart, `len`
-/// positions.
-#[derive(Clone, Copy)]
-pub(crate) struct Q8Head<'a> {
-    pub keys: &'a [u8],
-    pub values: &'a [u8],
-    pub hd: usize,
-    pub ks: usize,
-    pub len: usize,
-}
 
 /// Working space of one thread: the dequantized keys, then values, of a span (one room, so that
 /// what the sweep reads stays within L1) and the sweep's own.
 #[derive(Default)]
-pub(crate) struct Q8Buffers {
+struct Q8Buffers {
     span: Vec<f32>,
     sweep: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<Q8Buffers> = Default::default();
 }
 
 /// Floats between the dequantized key rows: room for the two blocks of a tree row's tail, and an
@@ -196,7 +190,7 @@ unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: us
     )
 }
 
-/// `kernels::q8::attend_rows_q8` with 512-bit registers.
+/// `kernels::attend_rows` over a q8 head with 512-bit registers.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VL (and AVX2, FMA, F16C); `hd % 32 == 0`; `head`'s bytes
@@ -212,12 +206,25 @@ pub(crate) unsafe fn attend_rows_q8_avx512(
     sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     out: &mut [f32],
-    buffers: &mut Q8Buffers,
 ) {
-    attend_rows_q8::<Zmm, 6, 24>(q, q_stride, rows, head, scale, sinks, tree, out, buffers)
+    // The thread's buffers, taken out for the call (no closure: it would not inherit this
+    // function's target features).
+    let mut buffers = BUFFERS.take();
+    attend_rows_q8::<Zmm, 6, 24>(
+        q,
+        q_stride,
+        rows,
+        head,
+        scale,
+        sinks,
+        tree,
+        out,
+        &mut buffers,
+    );
+    BUFFERS.set(buffers);
 }
 
-/// `kernels::q8::attend_rows_q8` with 256-bit registers.
+/// `kernels::attend_rows` over a q8 head with 256-bit registers.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `hd % 32 == 0`; as `attend_rows_q8_avx512` otherwise.
@@ -232,7 +239,20 @@ pub(crate) unsafe fn attend_rows_q8_avx2(
     sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     out: &mut [f32],
-    buffers: &mut Q8Buffers,
 ) {
-    attend_rows_q8::<Ymm<false>, 2, 12>(q, q_stride, rows, head, scale, sinks, tree, out, buffers)
+    // The thread's buffers, taken out for the call (no closure: it would not inherit this
+    // function's target features).
+    let mut buffers = BUFFERS.take();
+    attend_rows_q8::<Ymm<false>, 2, 12>(
+        q,
+        q_stride,
+        rows,
+        head,
+        scale,
+        sinks,
+        tree,
+        out,
+        &mut buffers,
+    );
+    BUFFERS.set(buffers);
 }

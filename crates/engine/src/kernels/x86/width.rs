@@ -1,5 +1,6 @@
-//! The register widths the packed kernels (`packed`) and the int8 peak (`peak`) are written over:
-//! the handful of integer and float operations they use, on 512-bit (`Zmm`) or 256-bit (`Ymm`)
+//! The register widths the packed kernels (`packed`), attention (`attention`, `q8_attention`,
+//! `online_softmax`) and the peaks (`peak`) are written over: the handful of integer and float
+//! operations they use, on 512-bit (`Zmm`) or 256-bit (`Ymm`)
 //! registers. Every method is `unsafe` and inlined: it may only run inside a function compiled
 //! for the instructions it uses, which its caller's `#[target_feature]` names.
 
