@@ -640,6 +640,42 @@ pub(crate) unsafe fn dot_rows_vnni<const F: u8>(
     }
 }
 
+/// `$call` with `$code` the const parameter of the format `$f` (`Format::from_code`).
+macro_rules! by_format {
+    ($f:expr, $code:ident => $call:expr) => {
+        match $f {
+            Format::Q4_0 => {
+                const $code: u8 = Q4_0;
+                $call
+            }
+            Format::Q4_1 => {
+                const $code: u8 = Q4_1;
+                $call
+            }
+            Format::Q5_0 => {
+                const $code: u8 = Q5_0;
+                $call
+            }
+            Format::Q8_0 => {
+                const $code: u8 = Q8_0;
+                $call
+            }
+            Format::Q4K => {
+                const $code: u8 = Q4K;
+                $call
+            }
+            Format::Q6K => {
+                const $code: u8 = Q6K;
+                $call
+            }
+            Format::Mxfp4 => {
+                const $code: u8 = MXFP4;
+                $call
+            }
+        }
+    };
+}
+
 /// `dot_rows_avx2` for a format given at run time.
 ///
 /// # Safety
@@ -651,15 +687,7 @@ pub(crate) unsafe fn dot_rows_avx2_of(
     r0: usize,
     out: &mut [f32],
 ) {
-    match f {
-        Format::Q4_0 => dot_rows_avx2::<Q4_0>(wrow, acts, r0, out),
-        Format::Q4_1 => dot_rows_avx2::<Q4_1>(wrow, acts, r0, out),
-        Format::Q5_0 => dot_rows_avx2::<Q5_0>(wrow, acts, r0, out),
-        Format::Q8_0 => dot_rows_avx2::<Q8_0>(wrow, acts, r0, out),
-        Format::Q4K => dot_rows_avx2::<Q4K>(wrow, acts, r0, out),
-        Format::Q6K => dot_rows_avx2::<Q6K>(wrow, acts, r0, out),
-        Format::Mxfp4 => dot_rows_avx2::<MXFP4>(wrow, acts, r0, out),
-    }
+    by_format!(f, F => dot_rows_avx2::<F>(wrow, acts, r0, out))
 }
 
 /// `dot_rows_vnni` for a format given at run time.
@@ -673,13 +701,5 @@ pub(crate) unsafe fn dot_rows_vnni_of(
     r0: usize,
     out: &mut [f32],
 ) {
-    match f {
-        Format::Q4_0 => dot_rows_vnni::<Q4_0>(wrow, acts, r0, out),
-        Format::Q4_1 => dot_rows_vnni::<Q4_1>(wrow, acts, r0, out),
-        Format::Q5_0 => dot_rows_vnni::<Q5_0>(wrow, acts, r0, out),
-        Format::Q8_0 => dot_rows_vnni::<Q8_0>(wrow, acts, r0, out),
-        Format::Q4K => dot_rows_vnni::<Q4K>(wrow, acts, r0, out),
-        Format::Q6K => dot_rows_vnni::<Q6K>(wrow, acts, r0, out),
-        Format::Mxfp4 => dot_rows_vnni::<MXFP4>(wrow, acts, r0, out),
-    }
+    by_format!(f, F => dot_rows_vnni::<F>(wrow, acts, r0, out))
 }
