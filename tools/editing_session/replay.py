@@ -23,6 +23,7 @@ Requests go one at a time (llama.vim waits for one before it sends the next). Ea
 latency is measured at the client; the report has every request, their median, p95 and total,
 and, against pld (its /metrics), the output tokens per forward pass. `--temperature 0` makes
 runs repeatable (llama.vim leaves it to the server's default). Standard library only.
+`pld bench infill` builds the same requests (crates/cli/src/bench/editing.rs).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def request(args, above: list[str], line: str, typed: int, below: list[str], ext
     indent = 0 if line.strip() == "" else len(line) - len(line.lstrip(" \t"))
     body = {
         "id_slot": 0,
-        "input_prefix": "".join(l + "\n" for l in above[-args.n_prefix :]),
+        # The last n_prefix lines (none for 0, as llama.vim's getline over an empty range).
+        "input_prefix": "".join(l + "\n" for l in above[max(0, len(above) - args.n_prefix) :]),
         "input_suffix": line[typed:] + "\n" + "\n".join(below[: args.n_suffix]) + "\n",
         "input_extra": extra,
         "prompt": before,

@@ -4,7 +4,9 @@
 use clap::Subcommand;
 
 pub mod drafting;
+pub mod editing;
 pub mod forward;
+pub mod infill;
 pub mod replay;
 pub mod results;
 pub mod run;
@@ -23,6 +25,9 @@ pub enum BenchCommand {
     /// Replay recorded API requests (`pld serve --record-requests`) through the server, plain
     /// and speculative, or against another server.
     Replay(replay::ReplayArgs),
+    /// Replay an editing session as completion plugins send it (`/infill` at each line and word),
+    /// through the server, plain and speculative, or against another server.
+    Infill(infill::InfillArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -32,5 +37,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Drafting(a) => drafting::run(a),
         BenchCommand::Serve(a) => serve::run(a),
         BenchCommand::Replay(a) => replay::run(a),
+        BenchCommand::Infill(a) => infill::run(a),
     }
 }
