@@ -234,3 +234,6 @@ pub fn for_model(lm: &crate::LoadedModel, asked: Option<usize>, prefix: usize) -
     };
     KvBudget { bytes, shape }
 }
+
+#[cfg(test)]
+mod tests;

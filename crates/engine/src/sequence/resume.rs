@@ -60,7 +60,9 @@ impl Sequence {
     }
 
     /// Positions the next pass needs in the cache: without drafts (the hard need), and with
-    /// the largest draft its limits allow (the soft need). Zero when finished.
+    /// the largest draft its limits allow (the soft need). Zero when finished. A sampled
+    /// sequence's drafts decide how its random numbers are drawn, so for it the two are one:
+    /// memory never shortens its drafts, and its output stays the one its seed gives.
     pub fn next_need(&self) -> (usize, usize) {
         match self.phase {
             Phase::Finished(_) => (0, 0),
@@ -73,8 +75,14 @@ impl Sequence {
                 let hard = self.cache.len() + 1;
                 let generated = self.tokens.len() - self.prompt_len;
                 let left = self.config.max_new_tokens.saturating_sub(generated + 1);
-                let draft = self.draft_limit.min(self.reach - hard).min(left);
-                (hard, hard + draft)
+                let draft = match self.drafter {
+                    Some(_) => self.draft_limit.min(self.reach - hard).min(left),
+                    None => 0,
+                };
+                match self.config.sampling.is_greedy() {
+                    true => (hard, hard + draft),
+                    false => (hard + draft, hard + draft),
+                }
             }
         }
     }
