@@ -8,9 +8,10 @@
 //!   once, with the figures.
 //! - **Admission** (`KvBudget::admission`): a waiting sequence is admitted when the cache it
 //!   starts with fits beside what is held, spare caches dropped first (smallest first). It starts
-//!   with room for `FIRST_ROOM` positions past its tokens where that fits, else for
-//!   `MIN_ROOM`, and grows as it goes; admission by current need, not by reach, so that a batch
-//!   holds as many sequences as their present lengths allow.
+//!   with room for `FIRST_ROOM` positions past its tokens (within its reach) where that fits,
+//!   else for `MIN_ROOM`, and grows as it goes: admission by current need, not by reach, so
+//!   that a batch holds as many sequences as their present lengths allow. A preempted sequence
+//!   resumes only with the larger room, so that it is not preempted again a few tokens later.
 //! - **Growth and preemption** (`KvBudget::fit`, before every pass): each running sequence,
 //!   oldest first, gets the room its next pass needs. It grows by doubling where that fits, else
 //!   to what its next pass and its largest draft need, else (spares dropped) drafts shrink to the
@@ -89,7 +90,13 @@ impl KvBudget {
         held: usize,
         spares: &mut Vec<KvCache>,
     ) -> Option<(usize, Option<KvCache>)> {
-        for room in [usize::MAX, MIN_ROOM] {
+        // A preempted sequence resumes only with room to go on (its reach, or `FIRST_ROOM`
+        // more), lest it be preempted again a few tokens later.
+        let rooms: &[usize] = match seq.preemptions {
+            0 => &[usize::MAX, MIN_ROOM],
+            _ => &[usize::MAX],
+        };
+        for &room in rooms {
             let capacity = seq.admit_capacity(room);
             if let Some(i) = spares.iter().position(|c| c.capacity() >= capacity) {
                 return Some((capacity, Some(spares.remove(i))));
