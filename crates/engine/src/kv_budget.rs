@@ -101,7 +101,10 @@ impl KvBudget {
             if let Some(i) = spares.iter().position(|c| c.capacity() >= capacity) {
                 return Some((capacity, Some(spares.remove(i))));
             }
-            if self.make_room(self.cache_bytes(capacity), held, spares).is_some() {
+            if self
+                .make_room(self.cache_bytes(capacity), held, spares)
+                .is_some()
+            {
                 return Some((capacity, None));
             }
         }

@@ -28,7 +28,10 @@ pub(crate) enum Phase {
     Decode(u32),
     /// Resuming after a preemption (`Sequence::preempt`): tokens `..done` are back in the cache,
     /// the rest before `last` (its last emitted token) are being recomputed; then `Decode(last)`.
-    Refill { done: usize, last: u32 },
+    Refill {
+        done: usize,
+        last: u32,
+    },
     Finished(FinishReason),
 }
 

@@ -338,6 +338,9 @@ impl EngineLoop<'_> {
         }
         self.fit_budget();
         let n = self.running.len();
+        if n == 0 {
+            return Ok(());
+        }
         let contexts = &contexts[..n];
         let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
         let before: Vec<SpecStats> = self.running.iter().map(|r| r.seq.stats.clone()).collect();

@@ -85,10 +85,14 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
     let (status, e) = post(&base, "/v1/completions", huge).await;
     assert_eq!(status, 400, "{e}");
     let message = e["error"]["message"].as_str().unwrap();
-    assert!(message.contains(&budget.to_string()) && message.contains("KV cache"), "{e}");
+    assert!(
+        message.contains(&budget.to_string()) && message.contains("KV cache"),
+        "{e}"
+    );
     assert_eq!(e["error"]["param"], "max_tokens", "{e}");
     assert_eq!(e["error"]["code"], "kv_cache_budget_exceeded", "{e}");
-    let messages = json!({"max_tokens": 1500, "messages": [{"role": "user", "content": prompt(1)}]});
+    let messages =
+        json!({"max_tokens": 1500, "messages": [{"role": "user", "content": prompt(1)}]});
     let (status, e) = post(&base, "/v1/messages", messages).await;
     assert_eq!((status, e["type"].as_str()), (400, Some("error")), "{e}");
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
@@ -122,11 +126,20 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
     let (most, samples) = sampler.await.unwrap();
 
     for (i, ((text, r), idle)) in outputs.iter().zip(&alone).enumerate() {
-        assert_eq!(r["choices"][0]["finish_reason"], "length", "request {i}: {r}");
+        assert_eq!(
+            r["choices"][0]["finish_reason"], "length",
+            "request {i}: {r}"
+        );
         assert_eq!(text, idle, "request {i} (streamed: {}) changed", i % 2 == 1);
     }
-    assert!(samples > 5 && most > 0.0, "{samples} samples, at most {most} bytes");
-    assert!(most <= budget as f64, "{most} bytes held, over the budget of {budget}");
+    assert!(
+        samples > 5 && most > 0.0,
+        "{samples} samples, at most {most} bytes"
+    );
+    assert!(
+        most <= budget as f64,
+        "{most} bytes held, over the budget of {budget}"
+    );
     let preemptions = m("pld_num_preemptions_total").await;
     assert!(preemptions >= 1.0, "no sequence was preempted");
     assert_eq!(m("pld_num_requests_waiting").await, 0.0);

@@ -31,7 +31,9 @@ fn config(k: usize, max_new_tokens: usize, sampled: bool) -> GenerationConfig {
 
 /// A repetitive prompt (so that the n-gram drafter proposes), different per `i`.
 fn prompt(i: usize, len: usize) -> Vec<u32> {
-    (0..len).map(|j| (20 + i * 3 + (j % 12) * 5) as u32).collect()
+    (0..len)
+        .map(|j| (20 + i * 3 + (j % 12) * 5) as u32)
+        .collect()
 }
 
 /// Runs `seqs` as one batch to the end within `budget` as a server does: admission, `fit`,
@@ -40,17 +42,13 @@ fn prompt(i: usize, len: usize) -> Vec<u32> {
 fn run_batch(
     lm: &LoadedModel,
     budget: &KvBudget,
-    mut waiting: Vec<Sequence>,
+    waiting: Vec<Sequence>,
     prefix: &mut PrefixCache,
 ) -> (Vec<Vec<u32>>, usize) {
-    let n = waiting.len();
+    let mut done: Vec<Option<Vec<u32>>> = vec![None; waiting.len()];
     let mut live: Vec<(usize, Sequence)> = Vec::new();
-    let mut done: Vec<Option<Vec<u32>>> = vec![None; n];
-    let mut parked: Vec<(usize, Sequence)> = Vec::new();
+    let mut parked: Vec<(usize, Sequence)> = waiting.into_iter().enumerate().collect();
     let mut preemptions = 0;
-    for (i, s) in waiting.drain(..).enumerate() {
-        parked.push((i, s));
-    }
     let mut steps = 0;
     while !parked.is_empty() || !live.is_empty() {
         parked.sort_by_key(|(i, _)| *i);
@@ -108,7 +106,11 @@ fn preempted_sequences_resume_with_their_outputs() {
             let seqs: Vec<(Vec<u32>, GenerationConfig)> = (0..4)
                 .map(|i| (prompt(i, 40 + 8 * i), config(k, 120, sampled)))
                 .collect();
-            let reach = seqs.iter().map(|(p, c)| p.len() + c.max_new_tokens).max().unwrap();
+            let reach = seqs
+                .iter()
+                .map(|(p, c)| p.len() + c.max_new_tokens)
+                .max()
+                .unwrap();
             // Room for one sequence at its longest and a little more: they must take turns.
             let budget = KvBudget {
                 bytes: KvCache::bytes_for(shape, reach) + KvCache::bytes_for(shape, 48),
@@ -136,8 +138,8 @@ fn fit_preempts_the_newest_and_drops_spares_first() {
     let lm = tiny();
     let shape = lm.model.kv_shape();
     let decoding = |len: usize, capacity: usize| {
-        let mut s = Sequence::waiting(&lm.model, prompt(0, len), config(0, 400, false), 512)
-            .unwrap();
+        let mut s =
+            Sequence::waiting(&lm.model, prompt(0, len), config(0, 400, false), 512).unwrap();
         let mut prefix = PrefixCache::new(shape, 0);
         s.admit(None, capacity, &mut prefix, 0);
         while s.in_prefill() {
@@ -163,7 +165,11 @@ fn fit_preempts_the_newest_and_drops_spares_first() {
         shape,
     };
     assert_eq!(tight.fit(&mut [&mut a, &mut b], &mut Vec::new()), 1);
-    assert_eq!(a.capacity(), 34, "the oldest grew to what its next pass needs");
+    assert_eq!(
+        a.capacity(),
+        34,
+        "the oldest grew to what its next pass needs"
+    );
     // A spare cache goes first.
     let (mut a, mut b) = (decoding(33, 33), decoding(33, 33));
     let mut spares = vec![KvCache::new(shape, 100)];
@@ -195,8 +201,14 @@ fn requests_that_never_fit_are_refused_with_the_figures() {
     };
     assert!(budget.check(300, 1).is_ok());
     let e = budget.check(301, 1).unwrap_err().to_string();
-    assert!(e.contains("301 positions") && e.contains(&budget.bytes.to_string()), "{e}");
-    assert!(budget.check(200, 2).is_err(), "two choices of 200 positions");
+    assert!(
+        e.contains("301 positions") && e.contains(&budget.bytes.to_string()),
+        "{e}"
+    );
+    assert!(
+        budget.check(200, 2).is_err(),
+        "two choices of 200 positions"
+    );
     assert_eq!(budget.positions_within(budget.bytes), 300);
     assert_eq!(budget.room(100, 1), 200);
     assert_eq!(budget.room(400, 1), 0);

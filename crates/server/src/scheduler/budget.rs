@@ -107,8 +107,7 @@ impl EngineLoop<'_> {
         };
         let preempted: Vec<Running> = self.running.drain(keep..).collect();
         for mut r in preempted {
-            r.seq
-                .preempt(&mut self.prefix, self.namespaces[r.tenant.0]);
+            r.seq.preempt(&mut self.prefix, self.namespaces[r.tenant.0]);
             tracing::info!(
                 tokens = r.seq.prompt_tokens().len() + r.seq.generated_tokens().len(),
                 preemptions = r.seq.preemptions,
@@ -183,6 +182,7 @@ impl EngineLoop<'_> {
         m.kv_cache_bytes.store(held as u64, Ordering::Relaxed);
         m.kv_cache_budget_bytes
             .store(self.budget.bytes as u64, Ordering::Relaxed);
-        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
     }
 }
