@@ -27,6 +27,14 @@ pub struct ServeArgs {
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = engine::DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: usize,
+    /// Bytes the KV caches of the running sequences (and the kept caches of ended requests) may
+    /// reserve together, as a number with an optional K, M or G: a request waits until its
+    /// cache fits, and a sequence that must grow past it preempts the most recently admitted
+    /// one, which resumes later with its output unchanged. Default: the machine's memory (the
+    /// lesser of MemAvailable and 7/8 of MemTotal) less the model file and the prefix cache's
+    /// budget, at least 256M.
+    #[arg(long, value_name = "SIZE", value_parser = crate::common::parse_bytes)]
+    pub kv_cache_bytes: Option<usize>,
     /// Requests that may wait for a batch slot before new ones get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -92,6 +100,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         api_keys: a.api_key.clone(),
         corpus_tokens: a.corpus_tokens,
         prefix_cache_bytes: a.prefix_cache.budget(),
+        kv_cache_bytes: a.kv_cache_bytes,
         max_num_seqs: a.max_num_seqs.max(1),
         max_queue: a.max_queue.max(1),
         max_model_len: ctx,

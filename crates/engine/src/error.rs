@@ -34,6 +34,13 @@ pub enum EngineError {
         dtype: &'static str,
         head_dim: usize,
     },
+    #[error("this request's KV cache would need {need} bytes at its longest ({choices} x {positions} positions: the prompt and max_tokens), more than the KV cache budget of {budget} bytes (--kv-cache-bytes); ask for fewer tokens")]
+    OverKvBudget {
+        need: usize,
+        budget: usize,
+        positions: usize,
+        choices: usize,
+    },
     #[error("context is full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
     #[error("tokenizer: {0}")]

@@ -168,7 +168,32 @@ fn room(dtype: KvDtype, capacity: usize) -> usize {
     }
 }
 
+/// Positions each head's values (`room`) and each key row (`key_stride`) have room for in a
+/// cache of `capacity`: key rows start on cache lines and lie an odd number of lines apart, so
+/// that the rows of one block of positions spread over every L1 set.
+fn layout(dtype: KvDtype, capacity: usize) -> (usize, usize) {
+    let room = room(dtype, capacity);
+    let per_line = 64 / dtype.bytes();
+    (room, per_line * (room.div_ceil(per_line) | 1))
+}
+
 impl KvCache {
+    /// Bytes a cache of `shape` and `capacity` reserves, its keys and values (what `bytes` says
+    /// once made): what a memory budget counts.
+    /// An empty cache (capacity 0) counts nothing: it is never written.
+    pub fn bytes_for(shape: KvShape, capacity: usize) -> usize {
+        if capacity == 0 {
+            return 0;
+        }
+        let (room, key_stride) = layout(shape.dtype, capacity);
+        shape.numbers_per_position() / 2 * (room + key_stride) * shape.dtype.bytes()
+    }
+
+    /// Bytes this cache reserves (`bytes_for` its shape and capacity).
+    pub fn bytes(&self) -> usize {
+        KvCache::bytes_for(self.shape(), self.capacity)
+    }
+
     /// Reserves `n_layer * capacity * kv_dim` keys and as many values of `dtype` (`Numbers`:
     /// memory is only committed for positions actually written).
     pub fn new(shape: KvShape, capacity: usize) -> Self {
@@ -183,11 +208,7 @@ impl KvCache {
             "heads of {hd} do not divide {kv_dim}"
         );
         assert!(dtype.fits(hd), "a {} cache of heads of {hd}", dtype.name());
-        let room = room(dtype, capacity);
-        // Key rows start on cache lines and lie an odd number of lines apart, so that the rows
-        // of one block of positions spread over every L1 set.
-        let per_line = 64 / dtype.bytes();
-        let key_stride = per_line * (room.div_ceil(per_line) | 1);
+        let (room, key_stride) = layout(dtype, capacity);
         let numbers = n_layer * (kv_dim / hd) * dtype.stored(hd);
         let (nk, nv) = (numbers * key_stride, numbers * room);
         let store = match dtype {

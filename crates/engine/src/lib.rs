@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod grammar;
 pub mod harmony;
 pub mod kernels;
+pub mod kv_budget;
 pub mod kv_cache;
 pub mod logprobs;
 pub mod model;
@@ -38,6 +39,7 @@ pub use generation::{
     SamplingSettings, SettingError,
 };
 pub use grammar::ResponseFormat;
+pub use kv_budget::KvBudget;
 pub use logprobs::{ContentLogprobs, TokenLogprob};
 pub use model::{Config, Model};
 pub use prefix_cache::PrefixCache;

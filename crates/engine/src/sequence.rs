@@ -26,6 +26,12 @@ pub(crate) enum Phase {
     Prefill(usize),
     /// The last emitted token, not yet in the cache.
     Decode(u32),
+    /// Resuming after a preemption (`Sequence::preempt`): tokens `..done` are back in the cache,
+    /// the rest before `last` (its last emitted token) are being recomputed; then `Decode(last)`.
+    Refill {
+        done: usize,
+        last: u32,
+    },
     Finished(FinishReason),
 }
 
@@ -66,6 +72,11 @@ pub struct Sequence {
     pub decode_time: Duration,
     /// The grammar of `config.response_format`, compiled when the prompt is in.
     pub(crate) constraint: Option<Constraint>,
+    /// Under a memory budget (`kv_budget`): drafts stay within the cache's capacity, which only
+    /// `Sequence::grow` enlarges, so that a pass never takes memory the budget did not grant.
+    pub(crate) budgeted: bool,
+    /// Times this sequence was preempted (its cache given up, recomputed when it resumed).
+    pub preemptions: usize,
 }
 
 impl Sequence {
@@ -190,6 +201,8 @@ impl Sequence {
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
             constraint: None,
+            budgeted: false,
+            preemptions: 0,
         })
     }
 
@@ -254,6 +267,7 @@ impl Sequence {
         fork.cache.copy_prefix(&self.cache, shared);
         fork.phase = Phase::Prefill(shared);
         fork.cached_tokens = self.cached_tokens;
+        fork.budgeted = self.budgeted;
         // The prompt is the parent's, offered by it.
         fork.prompt_offered = self.prompt_len;
         Ok(Some(fork))
@@ -347,9 +361,10 @@ impl Sequence {
         self.cache.len()
     }
 
-    /// Whether the prompt is still being fed (the next pass is not a decode step).
+    /// Whether the prompt is still being fed, or the tokens of a preempted sequence recomputed
+    /// (the next pass is not a decode step).
     pub fn in_prefill(&self) -> bool {
-        matches!(self.phase, Phase::Prefill(_))
+        matches!(self.phase, Phase::Prefill(_) | Phase::Refill { .. })
     }
 
     pub fn prompt_tokens(&self) -> &[u32] {
@@ -519,6 +534,15 @@ impl Sequence {
                     parents: Vec::new(),
                 })
             }
+            Phase::Refill { done, .. } => {
+                let end = (done + PREFILL_CHUNK).min(self.refill_end(done));
+                Some(PassInput {
+                    seq: si,
+                    tokens: self.tokens[done..end].to_vec(),
+                    tree: DraftTree::new(),
+                    parents: Vec::new(),
+                })
+            }
             Phase::Decode(last) => {
                 let tree = self.draft(tok);
                 let mut tokens = Vec::with_capacity(tree.len() + 1);
@@ -540,7 +564,11 @@ impl Sequence {
         let generated = self.tokens.len() - self.prompt_len;
         // Room left: the pass writes 1 + nodes positions, and at most max_new_tokens tokens may
         // still be emitted (the model's own token is one of them).
-        let room = self.reach - self.cache.len() - 1;
+        let end = match self.budgeted {
+            true => self.cache.capacity(),
+            false => self.reach,
+        };
+        let room = end - self.cache.len() - 1;
         let left = self.config.max_new_tokens - generated - 1;
         let limit = self.draft_limit.min(room).min(left);
         let price = self.draft_price;
@@ -567,12 +595,24 @@ impl Sequence {
     /// within), to twice its size or more: a new cache with this one's positions copied in,
     /// bit for bit, so that nothing computed depends on when the cache grew.
     fn make_room(&mut self, needed: usize) {
-        let have = self.cache.capacity();
-        if needed <= have {
+        if needed > self.cache.capacity() {
+            self.grow(self.growth(needed));
+        }
+    }
+
+    /// The capacity the cache grows to when it must hold `needed` positions: twice its size or
+    /// more, within `reach`.
+    pub fn growth(&self, needed: usize) -> usize {
+        needed.max(2 * self.cache.capacity()).min(self.reach)
+    }
+
+    /// Moves the cache to one of `capacity` positions (more than it has), its positions copied
+    /// bit for bit.
+    pub fn grow(&mut self, capacity: usize) {
+        if capacity <= self.cache.capacity() {
             return;
         }
-        let size = needed.max(2 * have).min(self.reach);
-        let mut bigger = KvCache::new(self.cache.shape(), size);
+        let mut bigger = KvCache::new(self.cache.shape(), capacity);
         bigger.copy_prefix(&self.cache, self.cache.len());
         self.cache = bigger;
     }
@@ -653,5 +693,6 @@ impl Sequence {
     }
 }
 
+mod resume;
 #[cfg(test)]
 mod tests;

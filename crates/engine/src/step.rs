@@ -40,6 +40,10 @@ pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Resul
                 row += 1;
                 seq.prefilled(tok, done + input.tokens.len(), last_row, &pass);
             }
+            Phase::Refill { done, last } => {
+                row += 1;
+                seq.refilled(done + input.tokens.len(), last, &pass);
+            }
             Phase::Decode(_) => {
                 let n = input.tokens.len();
                 let rows = &logits[row * pass.vocab..(row + n) * pass.vocab];
@@ -59,11 +63,12 @@ fn forward(model: &Model, seqs: &mut [&mut Sequence], inputs: &[PassInput]) -> R
     for (si, seq) in seqs.iter_mut().enumerate() {
         if let Some(input) = pending.next_if(|i| i.seq == si) {
             let all_logits = matches!(seq.phase, Phase::Decode(_));
+            let prompt = seq.feeds_prompt();
             items.push(BatchItem {
                 tokens: &input.tokens,
                 cache: &mut seq.cache,
                 all_logits,
-                prompt: matches!(seq.phase, Phase::Prefill(_)),
+                prompt,
                 parents: &input.parents,
             });
         }

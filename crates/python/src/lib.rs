@@ -37,10 +37,26 @@ struct Inner {
     spec: drafting::SpecConfig,
     ctx: usize,
     max_num_seqs: usize,
+    /// The KV caches' memory budget (`kv_cache_bytes`).
+    budget: engine::KvBudget,
     prefix: Mutex<PrefixCache>,
 }
 
 impl Inner {
+    /// The generation settings of `s` for a prompt of `prompt_len` tokens, within the budget: a
+    /// `max_tokens` whose caches could never fit is a `ValueError` with the figures
+    /// (`KvBudget::check`); without one the output fills what the budget holds.
+    fn config(&self, prompt_len: usize, s: &Sampling) -> PyResult<engine::GenerationConfig> {
+        let mut config = s.config(self.spec).map_err(field_err)?;
+        let ctx_room = self.ctx.saturating_sub(prompt_len);
+        let reach = prompt_len + config.max_new_tokens.min(ctx_room).max(1);
+        self.budget.check(reach, s.n).map_err(py_err)?;
+        config.max_new_tokens = config
+            .max_new_tokens
+            .min(self.budget.room(prompt_len, s.n).max(1));
+        Ok(config)
+    }
+
     fn prefix(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
         self.prefix.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -60,7 +76,7 @@ impl Engine {
     #[new]
     // One argument per keyword of Python's `LLM(...)`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=engine::DEFAULT_MAX_NUM_SEQS, prefix_cache_bytes=None, kv_cache_dtype="auto", prefix_cache_dir=None, prefix_cache_dir_bytes=engine::DEFAULT_PREFIX_CACHE_DIR_BYTES))]
+    #[pyo3(signature = (model, speculative_config=None, max_model_len=None, threads=None, max_num_seqs=engine::DEFAULT_MAX_NUM_SEQS, prefix_cache_bytes=None, kv_cache_dtype="auto", prefix_cache_dir=None, prefix_cache_dir_bytes=engine::DEFAULT_PREFIX_CACHE_DIR_BYTES, kv_cache_bytes=None))]
     fn new(
         py: Python<'_>,
         model: &str,
@@ -72,6 +88,7 @@ impl Engine {
         kv_cache_dtype: &str,
         prefix_cache_dir: Option<std::path::PathBuf>,
         prefix_cache_dir_bytes: u64,
+        kv_cache_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let spec = draft::spec_config(speculative_config)?;
         let kv_dtype = KvDtype::setting(kv_cache_dtype)
@@ -110,12 +127,14 @@ impl Engine {
         )
         .map_err(|e| PyValueError::new_err(format!("prefix_cache_dir: {e:#}")))?;
         let prefix = Mutex::new(prefix);
+        let budget = engine::kv_budget::for_model(&lm, kv_cache_bytes, budget);
         Ok(Engine {
             inner: Arc::new(Inner {
                 lm,
                 spec,
                 ctx,
                 max_num_seqs: max_num_seqs.max(1),
+                budget,
                 prefix,
             }),
         })
@@ -238,7 +257,7 @@ impl Engine {
         let mut requests = Vec::with_capacity(prompts.len());
         for (prompt, s) in prompts.into_iter().zip(&sampling) {
             let s = Sampling::parse(s).map_err(field_err)?;
-            let config = s.config(inner.spec).map_err(field_err)?;
+            let config = inner.config(prompt.len(), &s)?;
             requests.push(batch::Request {
                 prompt,
                 config,
@@ -249,7 +268,7 @@ impl Engine {
         py.detach(|| {
             requests
                 .iter()
-                .try_for_each(|r| batch::check(lm, r, inner.ctx))
+                .try_for_each(|r| batch::check(lm, r, inner.ctx, &inner.budget))
         })
         .map_err(py_err)?;
         let mut last = usize::MAX;
@@ -259,8 +278,7 @@ impl Engine {
                 lm,
                 &mut prefix,
                 requests,
-                inner.max_num_seqs,
-                inner.ctx,
+                (inner.max_num_seqs, inner.ctx, &inner.budget),
                 |done| {
                     Python::attach(|py| {
                         py.check_signals()?;
@@ -292,13 +310,14 @@ impl Engine {
         if s.n != 1 {
             return Err(PyValueError::new_err("n: a stream has one choice"));
         }
+        let config = self.inner.config(prompt.len(), &s)?;
         let r = batch::Request {
             prompt,
-            config: s.config(self.inner.spec).map_err(field_err)?,
+            config,
             n: 1,
         };
         let (lm, ctx) = (&self.inner.lm, self.inner.ctx);
-        batch::check(lm, &r, ctx).map_err(py_err)?;
+        batch::check(lm, &r, ctx, &self.inner.budget).map_err(py_err)?;
         let mut seq = Sequence::new(&lm.model, r.prompt, r.config, ctx).map_err(py_err)?;
         seq.reuse_prefix(&mut self.inner.prefix(), engine::LOCAL_NAMESPACE);
         Ok(Stream {

@@ -261,3 +261,21 @@ def test_ctrl_c_interrupts_a_generation(plain):
     timer.cancel()
     # The engine is usable afterwards.
     assert plain.generate("Hello", greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_small_kv_budget_preempts_and_keeps_every_output():
+    """`kv_cache_bytes` as the server's `--kv-cache-bytes`: prompts that outgrow a small budget take
+    turns (the newest preempted and resumed) and each output equals the prompt's alone; a request
+    that could never fit raises ValueError naming the budget."""
+    prompts = [
+        "Counting from %d: %s," % (s, ", ".join(str(n) for n in range(s, s + 40)))
+        for s in (100, 200, 300, 400)
+    ]
+    params = greedy(max_tokens=80)
+    alone = [o.outputs[0].text for o in LLM("smollm2-135m", threads=2).generate(prompts, params)]
+    # About two and a half of these sequences at their longest (about 210 positions of 22.5 KiB).
+    small = LLM("smollm2-135m", threads=2, kv_cache_bytes=12 << 20, kv_cache_dtype="bf16")
+    outs = small.generate(prompts, params)
+    assert [o.outputs[0].text for o in outs] == alone
+    with pytest.raises(ValueError, match="KV cache budget of %d bytes" % (12 << 20)):
+        small.generate(prompts[:1], greedy(max_tokens=4000))

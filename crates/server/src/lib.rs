@@ -25,6 +25,10 @@ pub struct ServerConfig {
     pub api_keys: Vec<String>,
     /// Bytes of keys and values the prefix cache may hold across requests (0: off).
     pub prefix_cache_bytes: usize,
+    /// Bytes the KV caches of the batch (and the spares of ended requests) may reserve together
+    /// (`engine::kv_budget`); `None`: derived from the machine's memory
+    /// (`kv_budget::default_budget`).
+    pub kv_cache_bytes: Option<usize>,
     /// Tokens of earlier prompts and outputs kept per tenant for drafting (0: no corpus).
     pub corpus_tokens: usize,
     pub max_num_seqs: usize,
@@ -78,6 +82,8 @@ pub struct AppState {
     pub config: ServerConfig,
     pub scheduler: scheduler::Scheduler,
     pub metrics: Arc<metrics::Metrics>,
+    /// The KV caches' memory budget: requests that could never fit are refused (`api::validate`).
+    pub budget: engine::KvBudget,
     /// Bytes of the tokenizer's longest token (for the prompt-length pre-check).
     pub longest_token_bytes: usize,
     /// The Responses API's stored responses.
@@ -111,7 +117,13 @@ pub fn prefix_cache(lm: &LoadedModel, config: &ServerConfig) -> anyhow::Result<P
 pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> anyhow::Result<axum::Router> {
     let metrics = Arc::new(metrics::Metrics::default());
     let prefix = prefix_cache(&lm, &config)?;
-    let scheduler = scheduler::Scheduler::start(lm.clone(), &config, prefix, metrics.clone());
+    let budget =
+        engine::kv_budget::for_model(&lm, config.kv_cache_bytes, config.prefix_cache_bytes);
+    metrics
+        .kv_cache_budget_bytes
+        .store(budget.bytes as u64, std::sync::atomic::Ordering::Relaxed);
+    let scheduler =
+        scheduler::Scheduler::start(lm.clone(), &config, prefix, budget, metrics.clone());
     let recorder = config.record_requests.as_deref().and_then(|dir| {
         api::Recorder::create(dir)
             .map_err(|e| tracing::error!("cannot record requests in {}: {e}", dir.display()))
@@ -124,6 +136,7 @@ pub fn app(lm: Arc<LoadedModel>, config: ServerConfig) -> anyhow::Result<axum::R
         config,
         scheduler,
         metrics,
+        budget,
         store: std::sync::Mutex::new(store),
         recorder,
     });

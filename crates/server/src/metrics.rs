@@ -61,7 +61,13 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub running: AtomicU64,
+    /// Requests queued for the batch, and preempted sequences waiting to resume.
     pub waiting: AtomicU64,
+    /// Bytes the KV caches of the batch and the spare caches reserve, and their budget.
+    pub kv_cache_bytes: AtomicU64,
+    pub kv_cache_budget_bytes: AtomicU64,
+    /// Sequences preempted to keep the KV caches within their budget.
+    pub preemptions: AtomicU64,
     pub draft_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
     pub verification_steps: AtomicU64,
@@ -90,6 +96,9 @@ impl Default for Metrics {
             generation_tokens: AtomicU64::new(0),
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            kv_cache_bytes: AtomicU64::new(0),
+            kv_cache_budget_bytes: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             draft_tokens: AtomicU64::new(0),
             accepted_tokens: AtomicU64::new(0),
             verification_steps: AtomicU64::new(0),
@@ -168,8 +177,13 @@ impl Metrics {
     }
 
     /// The counters without labels: name, help and value.
-    fn counters(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, u64); 11] {
+    fn counters(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, u64); 12] {
         [
+            (
+                "pld_num_preemptions_total",
+                "Sequences preempted to keep the KV caches within their budget (resumed later).",
+                get(&self.preemptions),
+            ),
             (
                 "pld_prompt_tokens_total",
                 "Prompt tokens processed.",
@@ -252,7 +266,7 @@ impl Metrics {
     }
 
     /// The gauges: name, help and value.
-    fn gauges(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, f64); 5] {
+    fn gauges(&self, pc: &PrefixCacheGauge) -> [(&'static str, &'static str, f64); 7] {
         let drafts = get(&self.draft_tokens);
         let rate = if drafts > 0 {
             get(&self.accepted_tokens) as f64 / drafts as f64
@@ -267,8 +281,18 @@ impl Metrics {
             ),
             (
                 "pld_num_requests_waiting",
-                "Requests queued for the batch.",
+                "Requests queued for the batch, and preempted sequences waiting to resume.",
                 get(&self.waiting) as f64,
+            ),
+            (
+                "pld_kv_cache_bytes",
+                "Bytes the KV caches of the running sequences and the spare caches reserve.",
+                get(&self.kv_cache_bytes) as f64,
+            ),
+            (
+                "pld_kv_cache_budget_bytes",
+                "The KV caches' byte budget (--kv-cache-bytes).",
+                get(&self.kv_cache_budget_bytes) as f64,
             ),
             (
                 "pld_spec_decode_draft_acceptance_rate",

@@ -21,6 +21,12 @@
 //! prefill chunk completes (so requests arriving meanwhile with the same start share them), and its
 //! output when it finishes.
 //!
+//! Memory is budgeted (`engine::kv_budget`, `--kv-cache-bytes`): a request waits until the cache
+//! it starts with fits beside the running ones and the spare caches, and before every pass each
+//! running sequence gets the room its next pass needs, the most recently admitted being
+//! preempted (its blocks offered to the prefix cache) when there is none; a preempted sequence
+//! waits again and resumes from its tokens, its output unchanged (`budget.rs`).
+//!
 //! Each tenant (API key) has a corpus of its earlier prompts and outputs, bounded in tokens; a
 //! sequence drafting a tree with the corpus source looks up only its own tenant's corpus, and adds
 //! its prompt and output to it when it finishes.
@@ -30,7 +36,10 @@ use crate::tenant::{namespaces, Corpora, Tenant};
 use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
 use engine::kv_cache::KvCache;
-use engine::{step, FinishReason, GenerationConfig, LoadedModel, PrefixCache, Sequence, SpecStats};
+use engine::{
+    step, FinishReason, GenerationConfig, KvBudget, LoadedModel, PrefixCache, Sequence, SpecStats,
+};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -115,6 +124,7 @@ impl Scheduler {
         lm: Arc<LoadedModel>,
         config: &ServerConfig,
         prefix: PrefixCache,
+        budget: KvBudget,
         metrics: Arc<Metrics>,
     ) -> Scheduler {
         let (tx, rx) = sync_channel(config.max_queue);
@@ -122,6 +132,7 @@ impl Scheduler {
             max_seqs: config.max_num_seqs.max(1),
             ctx: config.max_model_len,
             namespaces: namespaces(&config.api_keys),
+            budget,
         };
         let corpora = Corpora::new(config.corpus_tokens);
         std::thread::Builder::new()
@@ -170,6 +181,7 @@ struct LoopSettings {
     ctx: usize,
     /// Each tenant's namespace in the prefix cache (`tenant::namespaces`).
     namespaces: Vec<u64>,
+    budget: KvBudget,
 }
 
 /// The engine thread's state: the running batch and what it has learned about pass costs.
@@ -181,7 +193,12 @@ struct EngineLoop<'a> {
     corpora: Corpora,
     prefix: PrefixCache,
     metrics: &'a Metrics,
+    /// In the order they were admitted (the last is the first preempted).
     running: Vec<Running>,
+    /// Sequences without a cache, in the order their requests arrived: taken from the queue
+    /// when there was a batch slot, or preempted, or choices waiting for room.
+    waiting: VecDeque<Running>,
+    budget: KvBudget,
     /// Caches of ended requests, largest last, for the next ones (`Sequence::reusing`): kept
     /// committed rather than given back and faulted in again at every request.
     spares: Vec<KvCache>,
@@ -221,6 +238,8 @@ fn engine_loop(
         prefix,
         metrics,
         running: Vec::new(),
+        waiting: VecDeque::new(),
+        budget: settings.budget,
         spares: Vec::new(),
         cost: measure_cost(lm),
     };
@@ -246,9 +265,7 @@ fn engine_loop(
         engine.keep_prompts();
         engine.finish_done(now);
         metrics.set_prefix_cache(&engine.prefix);
-        metrics
-            .running
-            .store(engine.running.len() as u64, Ordering::Relaxed);
+        engine.count_memory();
     }
 }
 
@@ -275,28 +292,15 @@ fn measure_cost(lm: &LoadedModel) -> PassCost {
 }
 
 impl EngineLoop<'_> {
-    /// Admits jobs: blocks for one when idle, then takes what is waiting up to `max_seqs`.
-    /// False once the queue is closed (the server is gone).
-    fn admit_waiting(&mut self, rx: &Receiver<Job>) -> bool {
-        if self.running.is_empty() {
-            match rx.recv() {
-                Ok(job) => self.admit(job),
-                Err(_) => return false,
-            }
-        }
-        while self.running.len() < self.max_seqs {
-            match rx.try_recv() {
-                Ok(job) => self.admit(job),
-                Err(_) => break,
-            }
-        }
-        true
-    }
-
     /// Cancellation: a closed channel means the client is gone.
     fn drop_cancelled(&mut self) {
         let (metrics, prefix, namespaces) = (self.metrics, &mut self.prefix, &self.namespaces);
         let spares = &mut self.spares;
+        let before = self.waiting.len();
+        self.waiting.retain(|r| !r.events.is_closed());
+        metrics
+            .waiting
+            .fetch_sub((before - self.waiting.len()) as u64, Ordering::Relaxed);
         self.running.retain_mut(|r| {
             let gone = r.events.is_closed();
             if gone {
@@ -318,26 +322,28 @@ impl EngineLoop<'_> {
     /// One pass over the running batch, each sequence's drafts priced for the batch's size and
     /// its own context; a decode-only pass refines the pass costs, and what speculation did is
     /// counted.
+    /// Within the memory budget (`fit_budget`, which may preempt the newest sequences).
     fn step(&mut self) -> engine::Result<()> {
-        let n = self.running.len();
         let contexts: Vec<usize> = self.running.iter().map(|r| r.seq.positions()).collect();
         let prices = self.cost.prices(&contexts);
+        let n = self.running.len();
+        for (r, &price) in self.running.iter_mut().zip(&prices) {
+            if r.seq.config().sampling.is_greedy() {
+                r.seq.set_draft_price(Some(price));
+                r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
+            } else {
+                r.seq.set_draft_price(None);
+                r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
+            }
+        }
+        self.fit_budget();
+        let n = self.running.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let contexts = &contexts[..n];
         let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
-        let before: Vec<SpecStats> = self
-            .running
-            .iter_mut()
-            .zip(&prices)
-            .map(|(r, &price)| {
-                if r.seq.config().sampling.is_greedy() {
-                    r.seq.set_draft_price(Some(price));
-                    r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
-                } else {
-                    r.seq.set_draft_price(None);
-                    r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
-                }
-                r.seq.stats.clone()
-            })
-            .collect();
+        let before: Vec<SpecStats> = self.running.iter().map(|r| r.seq.stats.clone()).collect();
         let started = Instant::now();
         {
             let mut seqs: Vec<&mut Sequence> =
@@ -346,7 +352,7 @@ impl EngineLoop<'_> {
         }
         let seconds = started.elapsed().as_secs_f64();
         let mut batch = Vec::with_capacity(n);
-        for ((r, b), &ctx) in self.running.iter().zip(&before).zip(&contexts) {
+        for ((r, b), &ctx) in self.running.iter().zip(&before).zip(contexts) {
             let counted = r.seq.stats.since(b);
             batch.push((1 + counted.draft_tokens, ctx));
             self.metrics.count_step(&counted);
@@ -395,39 +401,6 @@ impl EngineLoop<'_> {
                 }
             }
         }
-    }
-
-    /// Choices 1..n of a request start once its first choice has its prompt in the cache.
-    fn fork_choices(&mut self) {
-        let mut forked = Vec::new();
-        for r in self.running.iter_mut().filter(|r| !r.forks.is_empty()) {
-            while !r.forks.is_empty() {
-                let index = r.forks.start;
-                let mut seq = match r.seq.fork_choice(&self.lm.model, index) {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let _ = r.events.send(Event::Failed(e.to_string()));
-                        r.forks = 0..0;
-                        break;
-                    }
-                };
-                r.forks.start += 1;
-                self.corpora.attach(r.tenant, &mut seq);
-                forked.push(Running {
-                    tenant: r.tenant,
-                    index,
-                    forks: 0..0,
-                    seq,
-                    events: r.events.clone(),
-                    arrived: r.arrived,
-                    first_token: None,
-                    limits: r.limits,
-                    checked: 0,
-                });
-            }
-        }
-        self.running.extend(forked);
     }
 
     /// Offers the prefix cache the prompt blocks prefilled so far, chunk by chunk (as vLLM caches
@@ -485,39 +458,9 @@ impl EngineLoop<'_> {
             false
         });
     }
-
-    fn admit(&mut self, job: Job) {
-        let metrics = self.metrics;
-        metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-        if job.events.is_closed() {
-            return;
-        }
-        metrics
-            .prompt_tokens
-            .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-        let spare = self.spares.pop();
-        match Sequence::reusing(&self.lm.model, job.prompt, job.config, self.ctx, spare) {
-            Ok(mut seq) => {
-                self.corpora.attach(job.tenant, &mut seq);
-                seq.reuse_prefix(&mut self.prefix, self.namespaces[job.tenant.0]);
-                self.running.push(Running {
-                    tenant: job.tenant,
-                    index: 0,
-                    forks: 1..job.n.max(1),
-                    seq,
-                    events: job.events,
-                    arrived: job.arrived,
-                    first_token: None,
-                    limits: job.limits,
-                    checked: 0,
-                });
-            }
-            Err(e) => {
-                let _ = job.events.send(Event::Failed(e.to_string()));
-            }
-        }
-    }
 }
+
+mod budget;
 
 #[cfg(test)]
 mod tests {

@@ -155,6 +155,7 @@ pub(super) fn server_config(
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         prefix_cache_bytes,
+        kv_cache_bytes: None,
         max_num_seqs: max_seqs,
         max_queue: 1024,
         max_model_len: ctx,

@@ -205,7 +205,12 @@ class LLM:
     them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
     `kv_cache_dtype` is what the KV cache stores keys and values as: "bf16" or "f16" (half the
     memory and the bytes attention reads; on AMX, bf16's attention runs on tiles), "f32", or
-    "auto" (bf16 where attention runs on AMX tiles, else f32).
+    "auto" (bf16 where attention runs on AMX tiles, else f32);
+    `kv_cache_bytes` bounds the bytes the batch's KV caches reserve together (`pld serve
+    --kv-cache-bytes`): a prompt waits until its cache fits, the newest sequence is preempted and
+    resumed later (its output unchanged) when an older one must grow past it, and a request that
+    could never fit raises `ValueError` naming the budget (default: the machine's memory less the
+    model file and the prefix cache's budget).
     """
 
     def __init__(
@@ -219,11 +224,12 @@ class LLM:
         kv_cache_dtype: str = "auto",
         prefix_cache_dir: Optional[str] = None,
         prefix_cache_dir_bytes: int = _DEFAULTS["prefix_cache_dir_bytes"],
+        kv_cache_bytes: Optional[int] = None,
     ) -> None:
         spec = None if speculative_config is None else json.dumps(speculative_config)
         self._engine = _native.Engine(
             model, spec, max_model_len, threads, max_num_seqs, prefix_cache_bytes, kv_cache_dtype,
-            prefix_cache_dir, prefix_cache_dir_bytes,
+            prefix_cache_dir, prefix_cache_dir_bytes, kv_cache_bytes,
         )
 
     @property

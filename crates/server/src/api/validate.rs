@@ -255,9 +255,10 @@ fn config(
             names.prompt,
         ));
     }
+    let room = budget_room(s, state, prompt_len, names)?;
     let config = s
         .generation
-        .config(&state.config.spec, ctx - prompt_len, names.max_tokens)
+        .config(&state.config.spec, room, names.max_tokens)
         .map_err(|e| {
             let field = if e.field == "logprobs" {
                 names.logprobs
@@ -270,6 +271,32 @@ fn config(
         check_grammar(state, &config.response_format, s.format_field)?;
     }
     Ok(config)
+}
+
+/// The output a request may reach: the context's room, within the KV cache budget when the
+/// client named no `max_tokens`; a request whose caches could never fit the budget, even alone,
+/// is a 400 naming its prompt or its `max_tokens` (`KvBudget::check`).
+fn budget_room(
+    s: &Settings,
+    state: &AppState,
+    prompt_len: usize,
+    names: Names,
+) -> Result<usize, ApiError> {
+    let ctx_room = state.config.max_model_len - prompt_len;
+    let choices = s.n.unwrap_or(1);
+    let over = |e: engine::EngineError, field: &str| {
+        ApiError::bad_request(e.to_string(), Some(field)).code("kv_cache_budget_exceeded")
+    };
+    let budget = &state.budget;
+    budget
+        .check(prompt_len + 1, choices)
+        .map_err(|e| over(e, names.prompt))?;
+    if let Some(asked) = s.generation.max_tokens.filter(|&m| m > 0) {
+        budget
+            .check(prompt_len + asked.min(ctx_room), choices)
+            .map_err(|e| over(e, names.max_tokens))?;
+    }
+    Ok(ctx_room.min(budget.room(prompt_len, choices)))
 }
 
 /// A JSON Schema given for structured output: an object or a boolean, else a 400 naming `field`.

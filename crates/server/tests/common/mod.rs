@@ -26,6 +26,7 @@ pub fn config() -> ServerConfig {
         api_keys: Vec::new(),
         corpus_tokens: drafting::DEFAULT_CORPUS_TOKENS,
         prefix_cache_bytes: PREFIX_CACHE_BYTES,
+        kv_cache_bytes: None,
         max_num_seqs: 16,
         max_queue: 64,
         max_model_len: 2048,
