@@ -11,7 +11,7 @@
 mod experts;
 mod forward;
 
-pub use forward::attention_time;
+pub use forward::{attention_time, products_time};
 
 pub use crate::config::{Activation, Architecture, Config, Rope, RopeStyle};
 use crate::error::{EngineError, Result};
@@ -252,6 +252,12 @@ impl Model {
     pub fn macs_per_token(&self) -> usize {
         let matrices: usize = self.token_matrices().map(|m| m.rows * m.cols).sum();
         matrices + self.mixtures().map(|x| x.macs_per_token()).sum::<usize>()
+    }
+
+    /// Multiply-adds of the output head per row whose logits are wanted (a prompt's chunk wants
+    /// its last row's only): part of `macs_per_token`.
+    pub fn head_macs(&self) -> usize {
+        self.output.rows * self.output.cols
     }
 
     /// Positions of a cache of `len` that layer `layer`'s attention reads: all of them, or the

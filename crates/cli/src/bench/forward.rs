@@ -153,6 +153,24 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             "  prefill of {} tokens: {:.1} tokens/s{compute}",
             r.prefill_tokens, r.prefill_tokens_per_s
         );
+        if let (Some(ms), Some(products), Some(attention)) = (
+            r.prefill_chunk_ms,
+            r.prefill_products_share,
+            r.prefill_attention_share,
+        ) {
+            let peak = r
+                .prefill_products_fraction_of_tile_peak
+                .map(|f| format!(" (at {:.0}% of the bf16 tile peak)", 100.0 * f))
+                .unwrap_or_default();
+            println!(
+                "    per chunk of {} tokens: {ms:.1} ms: products {:.0}%{peak}, attention {:.0}%, \
+                 the rest {:.0}%",
+                engine::step::PREFILL_CHUNK,
+                100.0 * products,
+                100.0 * attention,
+                100.0 * (1.0 - products - attention)
+            );
+        }
     }
     Ok(())
 }
@@ -267,9 +285,16 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let tokens: Vec<u32> = seed_ids.iter().cycle().take(capacity).copied().collect();
     let mut cache = model.new_cache(capacity);
     // Prefill of a long prompt into an empty cache, as generation does it (chunked).
+    let clocks = (
+        engine::model::products_time(),
+        engine::model::attention_time(),
+    );
     let t = Instant::now();
     prefill(model, &mut cache, &tokens[..a.prefill_tokens])?;
-    let prefill_tps = a.prefill_tokens as f64 / t.elapsed().as_secs_f64();
+    let prefill_s = t.elapsed().as_secs_f64();
+    let prefill_tps = a.prefill_tokens as f64 / prefill_s;
+    let prefill_products_s = (engine::model::products_time() - clocks.0).as_secs_f64();
+    let prefill_attention_s = (engine::model::attention_time() - clocks.1).as_secs_f64();
     cache.truncate(0);
     prefill(model, &mut cache, &tokens[..a.context])?;
     let passes = time_passes(model, &mut cache, &tokens, a.context, a.repeats)?;
@@ -327,6 +352,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let prefill_limit_tps =
         peak.map(|_| a.prefill_tokens as f64 / compute_s(0, a.prefill_tokens, true));
     let one = passes[0].ms;
+    let chunks = a.prefill_tokens.div_ceil(engine::step::PREFILL_CHUNK) as f64;
     Ok(ForwardRun {
         model: lm.name.clone(),
         model_path: lm.path.clone(),
@@ -363,6 +389,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         amx_int8_peak_gmacs: amx_peak,
         amx_bf16_peak_gmacs: bf16_peak,
         prefill_fraction_of_tile_peak: bf16_peak.map(|p| prefill_tps * macs as f64 / (p * 1e9)),
+        prefill_chunk_ms: Some(prefill_s * 1e3 / chunks),
+        prefill_products_share: Some(prefill_products_s / prefill_s),
+        prefill_attention_share: Some(prefill_attention_s / prefill_s),
+        // The layers' products only: the head is outside their clock (and runs on one row).
+        prefill_products_fraction_of_tile_peak: bf16_peak.map(|p| {
+            let layer_macs = macs - model.head_macs();
+            (a.prefill_tokens * layer_macs) as f64 / prefill_products_s / (p * 1e9)
+        }),
         f32_peak_gmacs: f32_peak,
         prefill_fraction_of_compute_limit: prefill_limit_tps.map(|l| prefill_tps / l),
         prefill_compute_limit_tokens_per_s: prefill_limit_tps,

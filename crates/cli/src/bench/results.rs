@@ -260,6 +260,20 @@ pub struct ForwardRun {
     /// The prefill's products' multiply-adds per second over the bf16 tile peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_fraction_of_tile_peak: Option<f64>,
+    /// The prefill's time per chunk (`engine::step::PREFILL_CHUNK` tokens), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_chunk_ms: Option<f64>,
+    /// The shares of the prefill's time in the layers' matrix products
+    /// (`engine::model::products_time`) and in attention (`engine::model::attention_time`); the
+    /// rest is norms, rotations, activations and the output head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_products_share: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_attention_share: Option<f64>,
+    /// The layers' products' multiply-adds (the head's left out) over their own time, as a share
+    /// of the bf16 tile peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_products_fraction_of_tile_peak: Option<f64>,
     /// The f32 multiply-add peak of the attention kernels over these threads, G/s (absent for the
     /// plain kernels).
     #[serde(default)]

@@ -32,6 +32,44 @@ pub fn prompt_arithmetic() -> &'static str {
         .map_or("as generated", |p| p.name)
 }
 
+/// A gated feed-forward block's matrices and activation: `down(activation(gate(x), up(x)))`,
+/// where `activation(g, u)` overwrites `g` with its result number by number.
+pub struct GatedFfn<'a> {
+    pub gate: &'a QMatrix,
+    pub up: &'a QMatrix,
+    pub down: &'a QMatrix,
+    pub activation: fn(&mut [f32], &[f32]),
+}
+
+/// The gated feed-forward of `m` rows of one kind into `out` (`m x down.rows`) in one go, where
+/// the class fuses it for that kind and matrices (the Amx class's prompt rows: the activation
+/// applied to the gate and up products while they are in cache, and rounded straight into the
+/// down product's tiles); false, `out` untouched, where it does not, and the caller takes the
+/// products and the activation in turn. Either way the bits are the same.
+pub fn gated_ffn_rows(kind: RowKind, x: &[f32], m: usize, ffn: &GatedFfn, out: &mut [f32]) -> bool {
+    let Some(prompt_rows) = isa().kernels().prompt_rows.as_ref() else {
+        return false;
+    };
+    let Some(run) = prompt_rows.ffn else {
+        return false;
+    };
+    let (gate, up, down) = (ffn.gate, ffn.up, ffn.down);
+    let fits = gate.rows == up.rows && gate.cols == up.cols && down.cols == gate.rows;
+    if kind != RowKind::Prompt || m == 0 || !fits {
+        return false;
+    }
+    if ![gate, up, down].into_iter().all(|w| (prompt_rows.takes)(w)) {
+        return false;
+    }
+    assert_eq!(x.len(), m * gate.cols, "activation shape");
+    assert_eq!(out.len(), m * down.rows, "output shape");
+    // SAFETY: the table is of a class the CPU runs (`Isa::kernels`); `x` is m x cols of the
+    // gate and up matrices and `out` m x down.rows (asserted above); the three take the
+    // class's prompt arithmetic.
+    unsafe { run(x, m, ffn, OutPtr(out.as_mut_ptr())) };
+    true
+}
+
 /// `matmul_many` over rows of one kind.
 pub fn matmul_many_rows(kind: RowKind, x: &[f32], m: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
     let isa = isa();

@@ -12,6 +12,7 @@ use super::kv::{KvOf, Q8Head, TreeMask};
 use super::matrix::QMatrix;
 use super::packed::Packed;
 use super::parallel::OutPtr;
+use super::prompt::GatedFfn;
 use super::quant::{QuantizeBlock, QuantizedActs};
 use half::{bf16, f16};
 
@@ -103,6 +104,9 @@ pub(super) struct Attention {
 /// A matrix of a prompt rows' product and where its output goes.
 pub(super) type PromptJob<'a> = (&'a QMatrix, OutPtr<f32>);
 
+/// A class's fused gated feed-forward over prompt rows (`PromptRows::ffn`).
+pub(super) type PromptFfn = unsafe fn(&[f32], usize, &GatedFfn<'_>, OutPtr<f32>);
+
 /// The arithmetic a class gives a prompt's rows where it has one of its own (`prompt`): its name
 /// (a prefix cache keys its entries by it), which matrices take it, and the products of those.
 pub(super) struct PromptRows {
@@ -114,6 +118,14 @@ pub(super) struct PromptRows {
     /// # Safety
     /// `x` is `m x cols` of every matrix; each output holds `m * rows` floats, no other job's.
     pub run: unsafe fn(&[f32], usize, &[PromptJob<'_>]),
+    /// The gated feed-forward of `m` rows of `x` in one go, where the class fuses it: the same
+    /// bits as `run` over the gate and up matrices, the activation, and `run` over the down one,
+    /// its output `m x down.rows` at the pointer.
+    ///
+    /// # Safety
+    /// `x` is `m x cols` of the gate and up matrices; the three `takes`; the output holds
+    /// `m * down.rows` floats.
+    pub ffn: Option<PromptFfn>,
 }
 
 /// What one kernel class runs.

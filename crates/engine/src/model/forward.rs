@@ -111,13 +111,21 @@ impl Rows {
 }
 
 /// Nanoseconds this process has spent in attention's kernels (`Model::attend`, every layer of
-/// every pass), for `bench forward`'s share of each pass.
+/// every pass) and in the matrix products of the layers (`Kinds::products`), for `bench
+/// forward`'s shares of each pass.
 static ATTENTION_NANOS: AtomicU64 = AtomicU64::new(0);
+static PRODUCTS_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Time this process has spent in attention's kernels so far: the difference over a pass is
 /// attention's part of it.
 pub fn attention_time() -> std::time::Duration {
     std::time::Duration::from_nanos(ATTENTION_NANOS.load(Ordering::Relaxed))
+}
+
+/// Time this process has spent in the layers' matrix products so far (the output head's
+/// excluded): the difference over a pass is the products' part of it.
+pub fn products_time() -> std::time::Duration {
+    std::time::Duration::from_nanos(PRODUCTS_NANOS.load(Ordering::Relaxed))
 }
 
 /// Attention jobs, the same in every layer: one per (sequence, kv head, run of its rows), so that
@@ -398,6 +406,8 @@ impl Model {
             Activation::SiluClamped => kernels::swiglu_oai,
         };
         match &m.ffn {
+            Ffn::Dense { gate, up, down }
+                if kinds.fused_ffn(&b.h, n, gate, up, down, activation, &mut b.proj) => {}
             Ffn::Dense { gate, up, down } => {
                 kinds.products(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
                 let up = &b.up;
@@ -481,6 +491,43 @@ impl Kinds {
     /// `kernels::matmul_many` over `n` rows, each row in its kind's arithmetic: rows of both
     /// kinds are gathered per kind and their outputs put back in place.
     fn products(&self, x: &[f32], n: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
+        let started = std::time::Instant::now();
+        self.products_untimed(x, n, jobs);
+        PRODUCTS_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The gated feed-forward of all `n` rows in one go where the kernels fuse it for their kind
+    /// (`kernels::gated_ffn_rows`, the same bits as the products and the activation in turn), its
+    /// time counted as the products'; false where they do not.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_ffn(
+        &self,
+        x: &[f32],
+        n: usize,
+        gate: &QMatrix,
+        up: &QMatrix,
+        down: &QMatrix,
+        activation: fn(&mut [f32], &[f32]),
+        out: &mut [f32],
+    ) -> bool {
+        let Kinds::All(kind) = self else {
+            return false;
+        };
+        let started = std::time::Instant::now();
+        let ffn = kernels::GatedFfn {
+            gate,
+            up,
+            down,
+            activation,
+        };
+        let fused = kernels::gated_ffn_rows(*kind, x, n, &ffn, out);
+        if fused {
+            PRODUCTS_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        fused
+    }
+
+    fn products_untimed(&self, x: &[f32], n: usize, jobs: &mut [(&QMatrix, &mut [f32])]) {
         let parts = match self {
             Kinds::All(kind) => return kernels::matmul_many_rows(*kind, x, n, jobs),
             Kinds::Mixed(parts) => parts,

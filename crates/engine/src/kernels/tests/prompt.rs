@@ -22,8 +22,11 @@ fn prompt_product(x: &[f32], m: usize, w: &QMatrix) -> Vec<f32> {
 }
 
 /// The cases: (format, weight rows, columns, activation rows). 300 rows over 2048 columns take
-/// the products through several blocks of columns, and 300 is not a multiple of 16.
-const CASES: [(GgmlDType, usize, usize, usize); 5] = [
+/// the products through several blocks of columns, and 300 is not a multiple of 16; 2048 weight
+/// rows give each thread several strips, each decoded during the one before, and 37 rows a pair
+/// of tiles and a part tile.
+const CASES: [(GgmlDType, usize, usize, usize); 6] = [
+    (GgmlDType::Q4K, 2048, 512, 37),
     (GgmlDType::Q4K, 64, 512, 1),
     (GgmlDType::Q4K, 96, 1536, 37),
     (GgmlDType::Q6K, 64, 512, 20),
@@ -81,5 +84,52 @@ fn prompt_rows_do_not_depend_on_their_pass() {
                 "{dtype:?} case {ci} row {i} at 0"
             );
         }
+    }
+}
+
+/// The gated feed-forward in one go (`gated_ffn_rows`) against its products and activation in
+/// turn: bit for bit where the class fuses it, and declined (output untouched) where it does
+/// not, for any number of rows.
+#[test]
+fn fused_feed_forward_equals_its_steps() {
+    let (k, f, n) = (512, 1024, 256);
+    let gate = matrix(GgmlDType::Q4K, f, k, 80);
+    let up = matrix(GgmlDType::Q6K, f, k, 81);
+    let down = matrix(GgmlDType::Q4K, n, f, 82);
+    let fuses = isa()
+        .kernels()
+        .prompt_rows
+        .as_ref()
+        .is_some_and(|p| p.ffn.is_some());
+    for m in [1, 5, 16, 37, 300] {
+        let x = random_vec(m * k, 90 + m as u64);
+        let mut g = prompt_product(&x, m, &gate);
+        let u = prompt_product(&x, m, &up);
+        swiglu(&mut g, &u);
+        let want = prompt_product(&g, m, &down);
+        let ffn = GatedFfn {
+            gate: &gate,
+            up: &up,
+            down: &down,
+            activation: swiglu,
+        };
+        let mut got = vec![f32::NAN; m * n];
+        let fused = gated_ffn_rows(RowKind::Prompt, &x, m, &ffn, &mut got);
+        assert_eq!(fused, fuses, "{m} rows: fused where the class fuses");
+        if fused {
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{m} rows: {differ} of {} outputs differ", m * n);
+        } else {
+            assert!(
+                got.iter().all(|v| v.is_nan()),
+                "{m} rows: declined, untouched"
+            );
+        }
+        // Generated rows are never fused.
+        assert!(!gated_ffn_rows(RowKind::Generated, &x, m, &ffn, &mut got));
     }
 }

@@ -61,12 +61,23 @@ pub(crate) unsafe fn to_tiles(x: &[f32], m: usize, k: usize, r0: usize, out: &mu
         }
         let row = x.as_ptr().add(r * k);
         for c in 0..steps {
-            let a = _mm512_loadu_ps(row.add(STEP * c));
-            let b = _mm512_loadu_ps(row.add(STEP * c + 16));
-            let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
-            _mm512_store_si512(out.as_mut_ptr().add(c * ROWS + i) as *mut _, pair);
+            to_line(row.add(STEP * c), out.as_mut_ptr().add(c * ROWS + i));
         }
     }
+}
+
+/// 32 floats at `x` rounded to bf16 (to nearest, ties to even) into the tile row `line`: every
+/// activation that reaches a tile goes through here, whoever made it.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BF16; `x` holds 32 floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(crate) unsafe fn to_line(x: *const f32, line: *mut Line) {
+    let a = _mm512_loadu_ps(x);
+    let b = _mm512_loadu_ps(x.add(16));
+    let pair: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+    _mm512_store_si512(line as *mut _, pair);
 }
 
 /// The bytes of `x` for two tile rows: 128-bit lane 0 the first two bytes of each of lanes 0-7's
@@ -168,23 +179,55 @@ unsafe fn decode_q6k(blk: *const u8, j: usize, tile: *mut Line) {
     }
 }
 
-/// Units `u0..u1` of the strip of groups `g` and `g + 1` decoded into `w`: the B tiles of column
-/// step `c` (from `u0`) at `w + 32c` (group `g`'s) and `w + 32c + 16` (group `g + 1`'s).
-#[inline(always)]
-unsafe fn decode_strip(p: &Packed, g: usize, (u0, u1): (usize, usize), w: *mut Line) {
-    let bytes = p.format.packed_bytes();
-    for half in 0..2 {
-        let group = p.group(g + half).as_ptr();
-        for u in u0..u1 {
-            let blk = group.add(u * bytes);
-            for j in 0..8 {
-                let tile = w.add(2 * ROWS * (8 * (u - u0) + j) + ROWS * half);
-                match p.format {
-                    Format::Q4K => decode_q4k(blk, j, tile),
-                    _ => decode_q6k(blk, j, tile),
-                }
-            }
+/// The decoding of one strip's block of columns (units `u0..u1` of groups `g` and `g + 1`) into
+/// `w`, a B tile at a time, so that it can be spread between the tile products of the strip
+/// before it: the B tiles of column step `c` (from `u0`) go to `w + 32c` (group `g`'s) and
+/// `w + 32c + 16` (group `g + 1`'s).
+struct StripDecode {
+    g: usize,
+    u0: usize,
+    units: usize,
+    w: *mut Line,
+    /// B tiles decoded so far, of `2 * 8 * units`.
+    done: usize,
+}
+
+impl StripDecode {
+    fn new(g: usize, (u0, u1): (usize, usize), w: *mut Line) -> Self {
+        StripDecode {
+            g,
+            u0,
+            units: u1 - u0,
+            w,
+            done: 0,
         }
+    }
+
+    fn tiles(&self) -> usize {
+        16 * self.units
+    }
+
+    /// Decodes the next `n` B tiles (fewer at the end).
+    #[inline(always)]
+    unsafe fn advance(&mut self, p: &Packed, n: usize) {
+        let bytes = p.format.packed_bytes();
+        let end = self.done.saturating_add(n).min(self.tiles());
+        while self.done < end {
+            let i = self.done;
+            let (half, u, j) = (i / (8 * self.units), i / 8 % self.units, i % 8);
+            let blk = p.group(self.g + half).as_ptr().add((self.u0 + u) * bytes);
+            let tile = self.w.add(2 * ROWS * (8 * u + j) + ROWS * half);
+            match p.format {
+                Format::Q4K => decode_q4k(blk, j, tile),
+                _ => decode_q6k(blk, j, tile),
+            }
+            self.done += 1;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish(&mut self, p: &Packed) {
+        self.advance(p, usize::MAX);
     }
 }
 
@@ -285,8 +328,8 @@ struct Sums {
 }
 
 /// Weight rows `32 s0..32 s1` of `p` against activation rows `0..m` (`acts`, from `to_tiles`
-/// over `p.cols` columns): row `r`'s sums for weight row `j` to `out[r * n + j]`. `w` and `tail`
-/// are the call's scratch.
+/// over `p.cols` columns): row `r`'s sums for weight row `32 s0 + j` to `out[r * n + j]`. `w` and
+/// `tail` are the call's scratch.
 ///
 /// Blocks of columns whose activation tiles fit in L2 go one after another; within one, each
 /// strip's weights are decoded, then every tile of rows goes over them, its sums loaded from and
@@ -295,8 +338,8 @@ struct Sums {
 /// # Safety
 /// The CPU has AMX-BF16 (with the tile permission), AVX-512 F, BW, BF16 and VBMI; `p` is Q4_K or
 /// Q6_K with `2 s1` groups at most; `acts` holds `m` rows over `p.cols` columns in tile order;
-/// `out` is valid for writes of `m * n` floats, `n >= p.rows`, and columns `32 s0..32 s1` of
-/// every row belong to this call alone.
+/// `out` is valid for writes of `m * n` floats, `n >= 32 (s1 - s0)`, and columns
+/// `0..32 (s1 - s0)` of every row belong to this call alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bf16,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn products(
@@ -317,31 +360,43 @@ pub(crate) unsafe fn products(
     // Units per block of columns: the block's activation tiles stay in L2 across the strips.
     let per_unit = tiles * ROWS * format.unit_cols() * 2;
     let block = (ACT_BLOCK_BYTES / per_unit).clamp(1, units);
+    // Two strips' blocks of B tiles: the one the products read and the next, decoded between them.
+    let half = block * unit_steps * 2 * ROWS;
     w.clear();
-    w.resize(block * unit_steps * 2 * ROWS, Line::default());
+    w.resize(2 * half, Line::default());
     let partial = !m.is_multiple_of(ROWS);
     tail.clear();
     tail.resize(if partial { (s1 - s0) * ROWS * STRIP } else { 0 }, 0.0);
     let tail_at = tail.as_mut_ptr();
+    let w = w.as_mut_ptr();
     load_config(&TILES);
     for u0 in (0..units).step_by(block) {
         let u1 = (u0 + block).min(units);
         let first = u0 == 0;
         let block_steps = (u1 - u0) * unit_steps;
+        let buffer = |s: usize| w.add((s - s0) % 2 * half);
+        let mut next = StripDecode::new(2 * s0, (u0, u1), buffer(s0));
+        next.finish(p);
+        // B tiles of the next strip decoded after each step of two row tiles, so that every tile
+        // of the next strip is done within this strip's products.
+        let pairs = tiles.div_ceil(2);
+        let every = (pairs * block_steps).div_ceil(next.tiles()).max(1);
         for s in s0..s1 {
-            decode_strip(p, 2 * s, (u0, u1), w.as_mut_ptr());
-            let b = w.as_ptr();
+            let b = buffer(s) as *const Line;
+            next = StripDecode::new(2 * (s + 1), (u0, u1), buffer(s + 1));
+            let more = s + 1 < s1;
             let sums = |t: usize| match partial && t == tiles - 1 {
                 true => Sums {
                     at: tail_at.add((s - s0) * ROWS * STRIP),
                     stride: STRIP * 4,
                 },
                 false => Sums {
-                    at: out.add(t * ROWS * n + s * STRIP),
+                    at: out.add(t * ROWS * n + (s - s0) * STRIP),
                     stride: n * 4,
                 },
             };
             let mut t = 0;
+            let mut k = 0;
             while t < tiles {
                 let a0 = acts.as_ptr().add((t * steps + u0 * unit_steps) * ROWS);
                 let c0 = sums(t);
@@ -355,6 +410,10 @@ pub(crate) unsafe fn products(
                         // The step after the last loads the last again (in bounds, unused).
                         let c = c.min(block_steps - 1);
                         step2!(a0.add(c * ROWS), a1.add(c * ROWS), b.add(c * 2 * ROWS));
+                        k += 1;
+                        if more && k % every == 0 {
+                            next.advance(p, 1);
+                        }
                     }
                     sums_out!(c0, "tmm0", "tmm1");
                     sums_out!(c1, "tmm2", "tmm3");
@@ -367,6 +426,9 @@ pub(crate) unsafe fn products(
                     t += 1;
                 }
             }
+            if more {
+                next.finish(p);
+            }
         }
     }
     release();
@@ -375,7 +437,8 @@ pub(crate) unsafe fn products(
         for s in s0..s1 {
             for r in 0..m - t * ROWS {
                 let from = tail_at.add(((s - s0) * ROWS + r) * STRIP);
-                std::ptr::copy_nonoverlapping(from, out.add((t * ROWS + r) * n + s * STRIP), STRIP);
+                let to = out.add((t * ROWS + r) * n + (s - s0) * STRIP);
+                std::ptr::copy_nonoverlapping(from, to, STRIP);
             }
         }
     }

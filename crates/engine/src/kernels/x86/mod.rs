@@ -28,8 +28,8 @@ mod width;
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
 pub(crate) use amx_attention::{attend_rows_amx, bf16_tiles};
 pub(crate) use amx_prompt::{
-    peak_bf16 as peak_amx_bf16, products as prompt_products, to_tiles as prompt_to_tiles,
-    Line as TileLine, STRIP as PROMPT_STRIP,
+    peak_bf16 as peak_amx_bf16, products as prompt_products, to_line as prompt_to_line,
+    to_tiles as prompt_to_tiles, Line as TileLine, STRIP as PROMPT_STRIP,
 };
 #[cfg(test)]
 pub(crate) use amx_softmax::BLOCK as TILE_BLOCK;

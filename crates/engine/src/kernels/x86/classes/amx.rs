@@ -7,13 +7,14 @@
 
 use super::super::{
     attend_rows_amx, bf16_tiles, packed_rows_amx, peak_amx, peak_amx_bf16, prompt_products,
-    prompt_to_tiles, TileLine, PROMPT_STRIP, TILE_ROWS,
+    prompt_to_line, prompt_to_tiles, TileLine, PROMPT_STRIP, TILE_ROWS,
 };
 use super::avx512::ATTENTION;
 use super::avx512_vnni::AVX512_VNNI;
 use crate::kernels::format::Format;
 use crate::kernels::matrix::QMatrix;
 use crate::kernels::parallel::{par_chunks_mut, OutPtr};
+use crate::kernels::prompt::GatedFfn;
 use crate::kernels::table::{Attend, Attention, Kernels, PromptRows};
 use crate::kernels::{pool, AMX_MIN_ROWS};
 use std::sync::OnceLock;
@@ -53,6 +54,7 @@ const AMX_BF16_PROMPT: Kernels = Kernels {
         name: "bf16 tiles 1",
         takes: on_tiles,
         run: on_bf16_tiles,
+        ffn: Some(ffn_on_bf16_tiles),
     }),
     ..AMX_BF16
 };
@@ -78,7 +80,10 @@ fn on_tiles(w: &QMatrix) -> bool {
 
 thread_local! {
     static ACTS: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
+    static HIDDEN: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
     static SCRATCH: std::cell::RefCell<(Vec<TileLine>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static GATE_UP: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
@@ -90,7 +95,31 @@ thread_local! {
 /// The CPU has AMX-BF16 with the tile permission, AVX-512 BF16 and VBMI (the table this is in);
 /// `x` is `m x cols` of every matrix; each output holds `m * rows` floats, no other job's.
 unsafe fn on_bf16_tiles(x: &[f32], m: usize, jobs: &[(&QMatrix, OutPtr<f32>)]) {
-    let k = jobs[0].0.cols;
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        to_activation_tiles(x, m, jobs[0].0.cols, &mut acts);
+        tile_products(&acts, m, jobs);
+    });
+}
+
+/// `x` (`m x k`) rounded to bf16 into `acts`, in tile order (`x86::amx_prompt::to_tiles`), the
+/// tiles of rows shared out to the threads.
+///
+/// # Safety
+/// The CPU has AVX-512 BF16; `x` is `m x k`, `k` a multiple of 32.
+unsafe fn to_activation_tiles(x: &[f32], m: usize, k: usize, acts: &mut Vec<TileLine>) {
+    let lines = k / 32 * TILE_ROWS;
+    acts.clear();
+    acts.resize(m.div_ceil(TILE_ROWS) * lines, TileLine::default());
+    par_chunks_mut(acts, lines, &|t, tile| {
+        // SAFETY: the CPU has AVX-512 BF16 (the caller's promise); `tile` is tile t's
+        // k / 32 * 16 lines, t < m / 16 rounded up.
+        unsafe { prompt_to_tiles(x, m, k, t * TILE_ROWS, tile) }
+    });
+}
+
+/// Runs of strips of every job, about four per thread: (job, first strip, end strip).
+fn strip_runs(jobs: &[(&QMatrix, OutPtr<f32>)]) -> Vec<(usize, usize, usize)> {
     let threads = pool::global().threads();
     let total: usize = jobs.iter().map(|(w, _)| w.rows / PROMPT_STRIP).sum();
     let per = total.div_ceil(threads * 4).max(1);
@@ -101,30 +130,101 @@ unsafe fn on_bf16_tiles(x: &[f32], m: usize, jobs: &[(&QMatrix, OutPtr<f32>)]) {
             work.push((ji, s0, (s0 + per).min(strips)));
         }
     }
-    ACTS.with(|cell| {
-        let mut acts = cell.borrow_mut();
-        let lines = k / 32 * TILE_ROWS;
-        acts.clear();
-        acts.resize(m.div_ceil(TILE_ROWS) * lines, TileLine::default());
-        par_chunks_mut(&mut acts, lines, &|t, tile| {
-            // SAFETY: the CPU has AVX-512 BF16 (the caller's promise); `tile` is tile t's
-            // k / 32 * 16 lines, t < m / 16 rounded up.
-            unsafe { prompt_to_tiles(x, m, k, t * TILE_ROWS, tile) }
+    work
+}
+
+/// `on_bf16_tiles` over activations already in tiles.
+///
+/// # Safety
+/// As `on_bf16_tiles`; `acts` holds `m` rows over the matrices' columns in tile order.
+unsafe fn tile_products(acts: &[TileLine], m: usize, jobs: &[(&QMatrix, OutPtr<f32>)]) {
+    let work = strip_runs(jobs);
+    pool::global().run(work.len(), &|i| {
+        let (ji, s0, s1) = work[i];
+        let (w, out) = jobs[ji];
+        let p = w.packed.as_ref().expect("on_tiles: packed");
+        SCRATCH.with(|cell| {
+            let (scratch, tail) = &mut *cell.borrow_mut();
+            // SAFETY: the CPU has AMX-BF16 with the tile permission, AVX-512 BF16 and VBMI (the
+            // caller's promise); `p` is Q4_K or Q6_K in whole strips (`on_tiles`) and its
+            // strips s0..s1 exist; `acts` holds the m rows over p.cols columns; `out` holds
+            // m x p.rows floats, whose columns of strips s0..s1 are this work item's alone.
+            unsafe {
+                let at = out.get().add(s0 * PROMPT_STRIP);
+                prompt_products(p, (s0, s1), acts, m, at, p.rows, scratch, tail)
+            }
         });
-        let acts = &*acts;
-        pool::global().run(work.len(), &|i| {
-            let (ji, s0, s1) = work[i];
-            let (w, out) = jobs[ji];
-            let p = w.packed.as_ref().expect("on_tiles: packed");
-            SCRATCH.with(|cell| {
-                let (scratch, tail) = &mut *cell.borrow_mut();
-                // SAFETY: the CPU has AMX-BF16 with the tile permission, AVX-512 BF16 and VBMI
-                // (the caller's promise); `p` is Q4_K or Q6_K in whole strips (`on_tiles`) and
-                // its strips s0..s1 exist; `acts` holds the m rows over p.cols = k columns;
-                // `out` holds m x p.rows floats, whose columns of strips s0..s1 are this work
-                // item's alone.
-                unsafe { prompt_products(p, (s0, s1), acts, m, out.get(), p.rows, scratch, tail) }
+    });
+}
+
+/// The gated feed-forward of `m` prompt rows on bf16 tiles: per run of strips of the gate and
+/// up matrices (the same hidden columns), both products into the thread's scratch, the
+/// activation over them, and its rows rounded to bf16 straight into the down product's tiles;
+/// then the down product. The gate and up products never reach memory as whole rows, nor do
+/// the activation's results in f32; each number gets the bits that the products, the
+/// activation and `to_tiles` in turn would give it.
+///
+/// # Safety
+/// As `on_bf16_tiles`; `x` is `m x gate.cols`; gate and up are `f x k`, down `n x f`, all
+/// `on_tiles`; `out` holds `m * down.rows` floats.
+unsafe fn ffn_on_bf16_tiles(x: &[f32], m: usize, ffn: &GatedFfn<'_>, out: OutPtr<f32>) {
+    let (gate, up) = (ffn.gate, ffn.up);
+    let (f, k) = (gate.rows, gate.cols);
+    let steps = f / PROMPT_STRIP;
+    let runs: Vec<(usize, usize, usize)> = strip_runs(&[(gate, out)]);
+    ACTS.with(|acts| {
+        HIDDEN.with(|hidden| {
+            let mut acts = acts.borrow_mut();
+            to_activation_tiles(x, m, k, &mut acts);
+            let acts = &*acts;
+            let mut hidden = hidden.borrow_mut();
+            hidden.clear();
+            // Rows past `m` stay zero, as `to_tiles` leaves them.
+            hidden.resize(
+                m.div_ceil(TILE_ROWS) * steps * TILE_ROWS,
+                TileLine::default(),
+            );
+            let lines = OutPtr(hidden.as_mut_ptr());
+            pool::global().run(runs.len(), &|i| {
+                let (_, s0, s1) = runs[i];
+                let width = (s1 - s0) * PROMPT_STRIP;
+                GATE_UP.with(|cell| {
+                    let (g, u) = &mut *cell.borrow_mut();
+                    g.clear();
+                    g.resize(m * width, 0.0);
+                    u.clear();
+                    u.resize(m * width, 0.0);
+                    SCRATCH.with(|cell| {
+                        let (scratch, tail) = &mut *cell.borrow_mut();
+                        for (w, sums) in [(gate, &mut *g), (up, &mut *u)] {
+                            let p = w.packed.as_ref().expect("on_tiles: packed");
+                            let at = sums.as_mut_ptr();
+                            // SAFETY: as in `tile_products`, the output this run's own
+                            // m x width scratch.
+                            unsafe {
+                                prompt_products(p, (s0, s1), acts, m, at, width, scratch, tail)
+                            };
+                        }
+                    });
+                    for r in 0..m {
+                        let gr = &mut g[r * width..][..width];
+                        (ffn.activation)(gr, &u[r * width..][..width]);
+                        for s in s0..s1 {
+                            let at = ((r / TILE_ROWS) * steps + s) * TILE_ROWS + r % TILE_ROWS;
+                            // SAFETY: the CPU has AVX-512 BF16; 32 floats of row r; line `at`
+                            // (row r's hidden columns 32s..32s + 32) is inside `hidden` and
+                            // this run's alone (its strips).
+                            unsafe {
+                                prompt_to_line(
+                                    gr.as_ptr().add((s - s0) * PROMPT_STRIP),
+                                    lines.get().add(at),
+                                )
+                            };
+                        }
+                    }
+                });
             });
+            tile_products(&hidden, m, &[(ffn.down, out)]);
         });
     });
 }
