@@ -192,8 +192,6 @@ struct Buffers {
 impl Buffers {
     fn new(c: &Config, n: usize) -> Self {
         let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
-        // A mixture's experts keep their own buffers.
-        let ff = if c.moe.is_some() { 0 } else { c.d_ff };
         Buffers {
             h: vec![0f32; n * d],
             q: vec![0f32; n * qd],
@@ -201,8 +199,10 @@ impl Buffers {
             v: vec![0f32; n * kvd],
             att: vec![0f32; n * qd],
             proj: vec![0f32; n * d],
-            gate: vec![0f32; n * ff],
-            up: vec![0f32; n * ff],
+            // Sized at the first layer that needs them: a fused feed-forward does not, and a
+            // mixture's experts keep their own.
+            gate: Vec::new(),
+            up: Vec::new(),
             job_out: vec![0f32; n * qd],
         }
     }
@@ -409,6 +409,8 @@ impl Model {
             Ffn::Dense { gate, up, down }
                 if kinds.fused_ffn(&b.h, n, gate, up, down, activation, &mut b.proj) => {}
             Ffn::Dense { gate, up, down } => {
+                b.gate.resize(n * c.d_ff, 0.0);
+                b.up.resize(n * c.d_ff, 0.0);
                 kinds.products(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
                 let up = &b.up;
                 if n >= 4 {
