@@ -406,21 +406,16 @@ impl Model {
             Activation::SiluClamped => kernels::swiglu_oai,
         };
         match &m.ffn {
-            Ffn::Dense { gate, up, down }
-                if kinds.fused_ffn(&b.h, n, gate, up, down, activation, &mut b.proj) => {}
             Ffn::Dense { gate, up, down } => {
-                b.gate.resize(n * c.d_ff, 0.0);
-                b.up.resize(n * c.d_ff, 0.0);
-                kinds.products(&b.h, n, &mut [(gate, &mut b.gate), (up, &mut b.up)]);
-                let up = &b.up;
-                if n >= 4 {
-                    kernels::par_chunks_mut(&mut b.gate, c.d_ff, &|r, g| {
-                        activation(g, &up[r * c.d_ff..(r + 1) * c.d_ff])
-                    });
-                } else {
-                    activation(&mut b.gate, up);
+                let ffn = kernels::GatedFfn {
+                    gate,
+                    up,
+                    down,
+                    activation,
+                };
+                if !kinds.fused_ffn(&b.h, n, &ffn, &mut b.proj) {
+                    self.ffn_in_steps(&ffn, kinds, n, b);
                 }
-                kinds.products(&b.gate, n, &mut [(down, &mut b.proj)]);
             }
             Ffn::Experts(mixture) => mixture.forward(&b.h, n, activation, &mut b.proj),
         }
@@ -428,6 +423,24 @@ impl Model {
             norm_in_place(&mut b.proj, w, c.rms_eps, c.d_model);
         }
         add_rows(x, &b.proj);
+    }
+
+    /// A gated feed-forward as the gate and up products, the activation row by row, and the down
+    /// product (into `b.proj`).
+    fn ffn_in_steps(&self, ffn: &kernels::GatedFfn, kinds: &Kinds, n: usize, b: &mut Buffers) {
+        let d_ff = self.config.d_ff;
+        b.gate.resize(n * d_ff, 0.0);
+        b.up.resize(n * d_ff, 0.0);
+        kinds.products(&b.h, n, &mut [(ffn.gate, &mut b.gate), (ffn.up, &mut b.up)]);
+        let (up, activation) = (&b.up, ffn.activation);
+        if n >= 4 {
+            kernels::par_chunks_mut(&mut b.gate, d_ff, &|r, g| {
+                activation(g, &up[r * d_ff..(r + 1) * d_ff])
+            });
+        } else {
+            activation(&mut b.gate, up);
+        }
+        kinds.products(&b.gate, n, &mut [(ffn.down, &mut b.proj)]);
     }
 
     /// The output head, on the rows whose logits are wanted.
@@ -501,28 +514,12 @@ impl Kinds {
     /// The gated feed-forward of all `n` rows in one go where the kernels fuse it for their kind
     /// (`kernels::gated_ffn_rows`, the same bits as the products and the activation in turn), its
     /// time counted as the products'; false where they do not.
-    #[allow(clippy::too_many_arguments)]
-    fn fused_ffn(
-        &self,
-        x: &[f32],
-        n: usize,
-        gate: &QMatrix,
-        up: &QMatrix,
-        down: &QMatrix,
-        activation: fn(&mut [f32], &[f32]),
-        out: &mut [f32],
-    ) -> bool {
+    fn fused_ffn(&self, x: &[f32], n: usize, ffn: &kernels::GatedFfn, out: &mut [f32]) -> bool {
         let Kinds::All(kind) = self else {
             return false;
         };
         let started = std::time::Instant::now();
-        let ffn = kernels::GatedFfn {
-            gate,
-            up,
-            down,
-            activation,
-        };
-        let fused = kernels::gated_ffn_rows(*kind, x, n, &ffn, out);
+        let fused = kernels::gated_ffn_rows(*kind, x, n, ffn, out);
         if fused {
             PRODUCTS_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
