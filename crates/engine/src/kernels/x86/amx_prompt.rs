@@ -362,10 +362,10 @@ pub(crate) unsafe fn products(
     let block = (ACT_BLOCK_BYTES / per_unit).clamp(1, units);
     // Two strips' blocks of B tiles: the one the products read and the next, decoded between them.
     let half = block * unit_steps * 2 * ROWS;
-    w.clear();
+    // Every line the products read is decoded first, and the side buffer's rows are stored
+    // before they are read: neither needs clearing.
     w.resize(2 * half, Line::default());
     let partial = !m.is_multiple_of(ROWS);
-    tail.clear();
     tail.resize(if partial { (s1 - s0) * ROWS * STRIP } else { 0 }, 0.0);
     let tail_at = tail.as_mut_ptr();
     let w = w.as_mut_ptr();

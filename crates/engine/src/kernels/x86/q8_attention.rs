@@ -176,8 +176,10 @@ unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: us
     sinks: Option<&[f32]>,
     tree: Option<TreeMask<'_>>,
     out: &mut [f32],
-    buffers: &mut Q8Buffers,
 ) {
+    // The thread's buffers, taken out for the call (no closure: it would not inherit the
+    // calling kernel's target features).
+    let mut buffers = BUFFERS.take();
     buffers.span.resize(head.hd * SPAN_STRIDE, 0.0);
     let mut kv = Dequantized::<W> {
         head,
@@ -187,7 +189,8 @@ unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: us
     let sweep = &mut buffers.sweep;
     attend_rows_wide::<W, f32, QS, 4, ACC>(
         q, q_stride, rows, &mut kv, scale, sinks, tree, sweep, out,
-    )
+    );
+    BUFFERS.set(buffers);
 }
 
 /// `kernels::attend_rows` over a q8 head with 512-bit registers.
@@ -207,21 +210,7 @@ pub(crate) unsafe fn attend_rows_q8_avx512(
     tree: Option<TreeMask<'_>>,
     out: &mut [f32],
 ) {
-    // The thread's buffers, taken out for the call (no closure: it would not inherit this
-    // function's target features).
-    let mut buffers = BUFFERS.take();
-    attend_rows_q8::<Zmm, 6, 24>(
-        q,
-        q_stride,
-        rows,
-        head,
-        scale,
-        sinks,
-        tree,
-        out,
-        &mut buffers,
-    );
-    BUFFERS.set(buffers);
+    attend_rows_q8::<Zmm, 6, 24>(q, q_stride, rows, head, scale, sinks, tree, out)
 }
 
 /// `kernels::attend_rows` over a q8 head with 256-bit registers.
@@ -240,19 +229,5 @@ pub(crate) unsafe fn attend_rows_q8_avx2(
     tree: Option<TreeMask<'_>>,
     out: &mut [f32],
 ) {
-    // The thread's buffers, taken out for the call (no closure: it would not inherit this
-    // function's target features).
-    let mut buffers = BUFFERS.take();
-    attend_rows_q8::<Ymm<false>, 2, 12>(
-        q,
-        q_stride,
-        rows,
-        head,
-        scale,
-        sinks,
-        tree,
-        out,
-        &mut buffers,
-    );
-    BUFFERS.set(buffers);
+    attend_rows_q8::<Ymm<false>, 2, 12>(q, q_stride, rows, head, scale, sinks, tree, out)
 }
