@@ -665,3 +665,79 @@ fn bench_replay_reports_each_turn_and_each_conversation() {
         assert_eq!(c[1]["requests"], 1);
     }
 }
+
+/// `bench serve` over two workloads: the categories taken in turn, a row with a `schema` asked
+/// for its answer under it (and the answer checked), the documented fields of each level and
+/// mode; a schema that does not compile is a clean failure.
+#[test]
+fn bench_serve_checks_schema_answers_and_reports_each_mode() {
+    let schema = r#"{"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"], "additionalProperties": false}"#;
+    let first = tmp("serve-a.jsonl");
+    std::fs::write(
+        &first,
+        format!(
+            "{}\n{}\n",
+            r#"{"question_id": 1, "category": "copy", "turns": ["Repeat exactly: one two three."]}"#,
+            r#"{"question_id": 2, "category": "copy", "turns": ["Repeat exactly: red green blue."]}"#
+        ),
+    )
+    .unwrap();
+    let second = tmp("serve-b.jsonl");
+    let row = format!(
+        r#"{{"question_id": 3, "category": "json", "turns": ["Name a colour as JSON with the key colour."], "schema": {schema}}}"#
+    );
+    std::fs::write(&second, format!("{row}\n")).unwrap();
+    let model = smollm_path();
+    let run = |workloads: &[&PathBuf]| {
+        let mut args = vec![
+            "bench",
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--clients",
+            "1,2",
+            "--requests",
+            "2",
+            "--rounds",
+            "1",
+            "--max-tokens",
+            "24",
+            "--threads",
+            "2",
+            "--json",
+        ];
+        for w in workloads {
+            args.extend(["--workload", w.to_str().unwrap()]);
+        }
+        pld(&args)
+    };
+    let o = run(&[&first, &second]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let levels = v["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for l in levels {
+        for mode in ["plain", "speculative"] {
+            let m = &l[mode];
+            // Two requests: the first copy row, then the json row (the categories in turn).
+            assert_eq!(m["schema_answers"], 1, "{m}");
+            let share = m["schema_valid_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&share), "{m}");
+            let (p50, p95) = (
+                m["p50_latency_s"].as_f64().unwrap(),
+                m["p95_latency_s"].as_f64().unwrap(),
+            );
+            assert!(p50 > 0.0 && p50 <= p95, "{m}");
+            assert!(m["p50_ttft_s"].as_f64().unwrap() > 0.0, "{m}");
+            assert!(m["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{m}");
+            assert!(m["tokens_per_s"].as_f64().unwrap() > 0.0, "{m}");
+        }
+    }
+    let bad = tmp("serve-bad.jsonl");
+    std::fs::write(
+        &bad,
+        r#"{"question_id": 9, "category": "json", "turns": ["Hi."], "schema": {"type": 12}}"#,
+    )
+    .unwrap();
+    assert_clean_failure(&run(&[&bad]), "schema does not compile");
+}

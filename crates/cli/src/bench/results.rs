@@ -12,6 +12,10 @@ pub struct WorkloadRow {
     pub question_id: serde_json::Value,
     pub category: String,
     pub turns: Vec<String>,
+    /// A JSON Schema the first turn's answer must meet (`pld bench serve` asks for it with
+    /// `response_format`); most rows have none.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
 }
 
 /// Every row of a Spec-Bench JSONL file (blank lines skipped); an error names the file and line.

@@ -1,8 +1,13 @@
 //! `pld bench serve`: a load benchmark of the HTTP server. Two servers run in this process on
 //! loopback, one without speculation and one with it; at each concurrency level N clients send
-//! grounded prompts (first turns of a workload) to each in turn, streamed, and the table reports
-//! requests/s, generated tokens/s, mean and p95 latency, time to first token, and the
-//! speculative/plain throughput ratio.
+//! grounded prompts (first turns of the workloads' rows, the categories taken in turn) to each in
+//! turn, streamed, and the table reports requests/s, generated tokens/s, p50 and p95 latency, time
+//! to first token, and the speculative/plain throughput ratio.
+//!
+//! A workload row with a `schema` (a JSON Schema) asks for its answer under it (OpenAI's
+//! `response_format` of type `json_schema`, first turns only), and the table gives the share of
+//! those answers that parse and validate. Each level also reports the process's peak resident
+//! memory (both servers and the model are in this process).
 //!
 //! With `--turns T` each client holds conversations instead: the first message is a workload
 //! prompt (a document and a task), the next T-1 are follow-up questions, and every request
@@ -23,9 +28,10 @@ pub struct ServeArgs {
     pub model: String,
     #[command(flatten)]
     pub kv: crate::common::KvCacheArgs,
-    /// Workload in Spec-Bench's JSONL format (first turns are sent).
-    #[arg(long)]
-    pub workload: PathBuf,
+    /// Workload file(s) in Spec-Bench's JSONL format (repeatable; first turns are sent, under
+    /// the row's `schema` where it has one).
+    #[arg(long, required = true)]
+    pub workload: Vec<PathBuf>,
     #[arg(long, value_delimiter = ',')]
     pub categories: Vec<String>,
     /// Concurrency levels.
@@ -58,8 +64,14 @@ struct LevelResult {
     requests_per_s: f64,
     tokens_per_s: f64,
     mean_latency: f64,
+    p50_latency: f64,
     p95_latency: f64,
     mean_ttft: f64,
+    p50_ttft: f64,
+    /// Of the answers asked under a schema: the share that parsed and validated, and how many.
+    schema_valid: Option<(f64, usize)>,
+    /// The process's peak resident memory over the mode's runs of the level.
+    peak_rss_bytes: u64,
     /// Per turn: mean time to first token (s) and the share of prompt tokens served from the
     /// prefix cache.
     turns: Vec<(f64, f64)>,
@@ -74,6 +86,59 @@ struct RequestSample {
     tokens: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// Whether the answer met the row's schema (rows with one).
+    valid: Option<bool>,
+}
+
+/// A first turn to send, with the schema its answer must meet where the row has one.
+#[derive(Clone)]
+struct Prompt {
+    text: String,
+    schema: Option<Arc<Schema>>,
+}
+
+/// A row's schema, as sent and as compiled for checking answers.
+struct Schema {
+    json: Value,
+    validator: jsonschema::Validator,
+}
+
+impl Schema {
+    fn new(json: Value) -> anyhow::Result<Self> {
+        let validator = jsonschema::validator_for(&json)
+            .map_err(|e| anyhow::anyhow!("a workload row's schema does not compile: {e}"))?;
+        Ok(Schema { json, validator })
+    }
+
+    /// Whether `answer` is JSON that the schema accepts.
+    fn accepts(&self, answer: &str) -> bool {
+        serde_json::from_str::<Value>(answer.trim()).is_ok_and(|v| self.validator.is_valid(&v))
+    }
+}
+
+/// The value at quantile `q` of sorted values (NaN when there are none).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ => sorted[((n as f64 * q).ceil() as usize).clamp(1, n) - 1],
+    }
+}
+
+/// Starts a new window for the process's peak resident memory (`peak_rss`), where Linux allows.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident memory since start or the last `reset_peak_rss`, in bytes (0
+/// where `/proc` does not tell).
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// What one run of a level measured: wall time and every request.
@@ -81,12 +146,14 @@ struct RequestSample {
 struct Samples {
     wall: f64,
     requests: Vec<RequestSample>,
+    peak_rss_bytes: u64,
 }
 
 impl Samples {
     fn add(&mut self, other: Samples) {
         self.wall += other.wall;
         self.requests.extend(other.requests);
+        self.peak_rss_bytes = self.peak_rss_bytes.max(other.peak_rss_bytes);
     }
 
     fn result(&self, turns: usize) -> LevelResult {
@@ -109,15 +176,21 @@ impl Samples {
                 )
             })
             .collect();
+        let mut ttft: Vec<f64> = self.requests.iter().map(|x| x.ttft).collect();
+        ttft.sort_by(|a, b| a.total_cmp(b));
+        let checked: Vec<bool> = self.requests.iter().filter_map(|r| r.valid).collect();
+        let valid = checked.iter().filter(|&&v| v).count();
         LevelResult {
             requests_per_s: lat.len() as f64 / wall,
             tokens_per_s: tokens as f64 / wall,
             mean_latency: mean(&mut lat.iter().copied()),
-            p95_latency: lat
-                .get(((lat.len() as f64 * 0.95).ceil() as usize).clamp(1, lat.len().max(1)) - 1)
-                .copied()
-                .unwrap_or(f64::NAN),
-            mean_ttft: mean(&mut self.requests.iter().map(|r| r.ttft)),
+            p50_latency: quantile(&lat, 0.5),
+            p95_latency: quantile(&lat, 0.95),
+            mean_ttft: mean(&mut ttft.iter().copied()),
+            p50_ttft: quantile(&ttft, 0.5),
+            schema_valid: (!checked.is_empty())
+                .then(|| (valid as f64 / checked.len() as f64, checked.len())),
+            peak_rss_bytes: self.peak_rss_bytes,
             turns: per_turn,
         }
     }
@@ -131,14 +204,37 @@ const FOLLOW_UPS: [&str; 4] = [
     "List three terms from the text and say what each means.",
 ];
 
-fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
-    let out: Vec<String> = super::results::read_workload(&a.workload)?
-        .into_iter()
-        .filter(|r| a.categories.is_empty() || a.categories.contains(&r.category))
-        .map(|r| r.turns[0].clone())
+/// The first turns of the workloads' rows (of `--categories`), the categories taken in turn
+/// (each in file order, categories in the order they first appear), so that any number of
+/// requests mixes them.
+fn prompts(a: &ServeArgs) -> anyhow::Result<Vec<Prompt>> {
+    let mut by_category: Vec<(String, Vec<Prompt>)> = Vec::new();
+    for path in &a.workload {
+        for r in super::results::read_workload(path)? {
+            if !a.categories.is_empty() && !a.categories.contains(&r.category) {
+                continue;
+            }
+            let schema = r.schema.map(Schema::new).transpose()?.map(Arc::new);
+            let prompt = Prompt {
+                text: r.turns[0].clone(),
+                schema,
+            };
+            match by_category.iter_mut().find(|(c, _)| *c == r.category) {
+                Some((_, list)) => list.push(prompt),
+                None => by_category.push((r.category, vec![prompt])),
+            }
+        }
+    }
+    let longest = by_category.iter().map(|(_, l)| l.len()).max().unwrap_or(0);
+    let out: Vec<Prompt> = (0..longest)
+        .flat_map(|i| {
+            by_category
+                .iter()
+                .filter_map(move |(_, l)| l.get(i).cloned())
+        })
         .collect();
     if out.is_empty() {
-        anyhow::bail!("no prompts in {}", a.workload.display());
+        anyhow::bail!("no prompts of the categories asked in the workloads");
     }
     Ok(out)
 }
@@ -196,8 +292,9 @@ async fn chat_request(
     messages: &[Value],
     max_tokens: usize,
     turn: usize,
+    schema: Option<&Schema>,
 ) -> anyhow::Result<(String, RequestSample)> {
-    let body = json!({
+    let mut body = json!({
         "model": "bench",
         "messages": messages,
         "max_tokens": max_tokens,
@@ -205,6 +302,10 @@ async fn chat_request(
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if let Some(s) = schema {
+        body["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "answer", "schema": s.json}});
+    }
     let t = Instant::now();
     let mut r = client.post(url).json(&body).send().await?;
     let status = r.status();
@@ -249,6 +350,7 @@ async fn chat_request(
         cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0),
+        valid: schema.map(|s| s.accepts(&text)),
     };
     Ok((text, sample))
 }
@@ -256,7 +358,7 @@ async fn chat_request(
 /// `clients` clients send `n` conversations of `turns` turns (`n` requests when `turns` is 1).
 async fn level(
     url: &str,
-    prompts: &[String],
+    prompts: &[Prompt],
     clients: usize,
     n: usize,
     max_tokens: usize,
@@ -284,11 +386,14 @@ async fn level(
                 }
                 // Its own first line keeps each conversation from reusing another's prefix.
                 let id = CONVERSATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let first = format!("[conversation {id}]\n{}", prompts[i % prompts.len()]);
+                let prompt = &prompts[i % prompts.len()];
+                let first = format!("[conversation {id}]\n{}", prompt.text);
                 let mut messages = vec![json!({"role": "user", "content": first})];
                 for turn in 0..turns.max(1) {
+                    // Only the first turn asks for the row's output; follow-ups are free text.
+                    let schema = prompt.schema.as_deref().filter(|_| turn == 0);
                     let (answer, sample) =
-                        chat_request(&client, &url, &messages, max_tokens, turn).await?;
+                        chat_request(&client, &url, &messages, max_tokens, turn, schema).await?;
                     out.push(sample);
                     messages.push(json!({"role": "assistant", "content": answer}));
                     let next_question = FOLLOW_UPS[(i + turn) % FOLLOW_UPS.len()];
@@ -304,6 +409,7 @@ async fn level(
     Ok(Samples {
         wall: started.elapsed().as_secs_f64(),
         requests: all,
+        peak_rss_bytes: peak_rss(),
     })
 }
 
@@ -331,7 +437,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         )?)
         .await?;
         // Warm-up.
-        let hello = ["Say hello.".to_string()];
+        let hello = [Prompt {
+            text: "Say hello.".into(),
+            schema: None,
+        }];
         level(&plain_url, &hello, 1, 1, 8, 1).await?;
         level(&spec_url, &hello, 1, 1, 8, 1).await?;
         let mut rows = Vec::new();
@@ -345,6 +454,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 };
                 for speculative in order {
                     let url = if speculative { &spec_url } else { &plain_url };
+                    reset_peak_rss();
                     let got = level(url, &prompts, c, a.requests, a.max_tokens, a.turns).await?;
                     if speculative {
                         s.add(got)
@@ -369,7 +479,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|(ttft, cached)| json!({"mean_ttft_s": ttft, "cached_prompt_share": cached}))
                 .collect();
-            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "turns": turns})
+            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p50_latency_s": r.p50_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "p50_ttft_s": r.p50_ttft, "schema_valid_share": r.schema_valid.map(|v| v.0), "schema_answers": r.schema_valid.map_or(0, |v| v.1), "peak_rss_bytes": r.peak_rss_bytes, "turns": turns})
         };
         let v: Vec<Value> = rows
             .iter()
@@ -409,21 +519,27 @@ fn print_tables(
         "model {model} ({threads} threads), {} {unit} per level and mode in each of {} rounds, {} new tokens",
         a.requests, a.rounds, a.max_tokens
     );
-    println!("| clients | mode | req/s | gen tok/s | mean latency s | p95 latency s | mean TTFT s | speedup |\n|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("| clients | mode | req/s | gen tok/s | p50 / p95 latency s | mean / p50 TTFT s | schema-valid | peak RSS GiB | speedup |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for (c, p, s) in rows {
-        println!(
-            "| {c} | plain | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | |",
-            p.requests_per_s, p.tokens_per_s, p.mean_latency, p.p95_latency, p.mean_ttft
-        );
-        println!(
-            "| {c} | speculative | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2}x |",
-            s.requests_per_s,
-            s.tokens_per_s,
-            s.mean_latency,
-            s.p95_latency,
-            s.mean_ttft,
-            s.tokens_per_s / p.tokens_per_s.max(1e-9)
-        );
+        for (name, r) in [("plain", p), ("speculative", s)] {
+            let valid = r.schema_valid.map_or("-".into(), |(share, n)| {
+                format!("{:.0}% of {n}", share * 100.0)
+            });
+            let speedup = match name {
+                "plain" => String::new(),
+                _ => format!("{:.2}x", s.tokens_per_s / p.tokens_per_s.max(1e-9)),
+            };
+            println!(
+                "| {c} | {name} | {:.2} | {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {valid} | {:.2} | {speedup} |",
+                r.requests_per_s,
+                r.tokens_per_s,
+                r.p50_latency,
+                r.p95_latency,
+                r.mean_ttft,
+                r.p50_ttft,
+                r.peak_rss_bytes as f64 / (1u64 << 30) as f64,
+            );
+        }
     }
     if a.turns <= 1 {
         return;
