@@ -4,7 +4,7 @@ workloads in Spec-Bench's JSONL format, all handed to one `LLM.chat` call (one c
 of up to --max-num-seqs sequences), plain and speculative, each mode in its own process so that
 its peak resident memory is its own, the modes alternated over --rounds. A row with a `schema`
 asks for its answer under it (`StructuredOutputsParams(json=...)`), and the share of those answers
-that parse and validate is reported. Prints one line per run and, with --out, writes them as JSON.
+that parse and validate is reported, with how many of them were cut at --max-tokens. Prints one line per run and, with --out, writes them as JSON.
 
     python3 tools/serve_load/offline.py --model qwen-coder-1.5b --threads 2 \\
         --workload workloads/grounded-dev.jsonl --workload workloads/spec-bench-dev.jsonl \\
@@ -58,11 +58,12 @@ def one_mode(args) -> dict:
     outs = llm.chat(conversations, params, use_tqdm=False)
     wall = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    checked = valid = 0
+    checked = valid = cut = 0
     for r, o in zip(picked, outs):
         if "schema" not in r:
             continue
         checked += 1
+        cut += o.outputs[0].finish_reason == "length"
         try:
             jsonschema.validate(json.loads(o.outputs[0].text), r["schema"])
             valid += 1
@@ -79,6 +80,7 @@ def one_mode(args) -> dict:
         "p50_first_token_s": firsts[len(firsts) // 2] if firsts else None,
         "schema_valid_share": valid / checked if checked else None,
         "schema_answers": checked,
+        "schema_answers_cut": cut,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "texts": [o.outputs[0].text for o in outs],
     }
@@ -110,7 +112,8 @@ def main() -> None:
             runs.append(got)
             print(f"{mode}: {got['prompts']} prompts in {got['wall_s']:.1f} s, "
                   f"{got['requests_per_s']:.2f} req/s, {got['tokens_per_s']:.1f} tok/s, "
-                  f"schema-valid {got['schema_valid_share']} of {got['schema_answers']}, "
+                  f"schema-valid {got['schema_valid_share']} of {got['schema_answers']} "
+                  f"({got['schema_answers_cut']} cut at --max-tokens), "
                   f"peak RSS {got['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
     same = all(a["texts"] == b["texts"] for a in runs for b in runs)
     print(f"outputs equal across modes and rounds: {same}")

@@ -721,6 +721,7 @@ fn bench_serve_checks_schema_answers_and_reports_each_mode() {
             let m = &l[mode];
             // Two requests: the first copy row, then the json row (the categories in turn).
             assert_eq!(m["schema_answers"], 1, "{m}");
+            assert!(m["schema_answers_cut"].as_u64().unwrap() <= 1, "{m}");
             let share = m["schema_valid_share"].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&share), "{m}");
             let (p50, p95) = (

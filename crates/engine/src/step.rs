@@ -1,6 +1,6 @@
 //! `step`: one forward pass over any set of sequences. Each sequence sends its inputs (a prompt
-//! chunk while in prefill, else its last token and a draft), every row goes through the model
-//! together, and each sequence then takes its own logits rows (`Sequence::prefilled` and
+//! chunk while in prefill, else its last token and a draft), within the pass's budget of prompt
+//! rows (`PROMPT_ROWS_PER_PASS`), every row goes through the model together, and each sequence then takes its own logits rows (`Sequence::prefilled` and
 //! `decoded`, in `sequence.rs`): prefill moves on (the prompt's
 //! last row gives the first token), a decode step verifies its draft, keeps the accepted path in
 //! its cache, counts it, teaches its drafter and emits the tokens.
@@ -13,14 +13,36 @@ use std::time::Instant;
 
 pub use crate::sequence::PREFILL_CHUNK;
 
-/// Advances every unfinished sequence by one forward pass: a prompt chunk for those still in
-/// prefill, the last token plus its draft (a chain or a tree) for those decoding.
+/// Prompt rows (prefill and refill chunks) one pass takes at most beside its decoding rows: one
+/// chunk, the width the prompt kernels are made for. Sequences feeding a prompt go in their
+/// order, whole chunks only, each while the pass's prompt rows stay within this (the first always
+/// goes); the rest wait for a later pass. Without it, N sequences arriving together made one pass
+/// of N chunks: a pass of thousands of rows whose activations outgrew the caches (and took
+/// gigabytes), while every decoding sequence waited on it for its next token. What a sequence
+/// computes never depends on the pass its chunks ride in.
+pub const PROMPT_ROWS_PER_PASS: usize = PREFILL_CHUNK;
+
+/// Advances every decoding sequence by one forward pass (its last token plus its draft, a chain
+/// or a tree), and the sequences still feeding a prompt by a chunk each, in order, within
+/// `PROMPT_ROWS_PER_PASS`.
 pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Result<()> {
     let started = Instant::now();
+    let mut prompt_rows = 0;
     let inputs: Vec<PassInput> = seqs
         .iter_mut()
         .enumerate()
-        .filter_map(|(si, seq)| seq.pass_input(si, tok))
+        .filter_map(|(si, seq)| {
+            let input = seq.pass_input(si, tok)?;
+            if seq.in_prefill() {
+                // A chunk is only sliced from the prompt: leaving it out changes nothing.
+                let rows = input.tokens.len();
+                if prompt_rows > 0 && prompt_rows + rows > PROMPT_ROWS_PER_PASS {
+                    return None;
+                }
+                prompt_rows += rows;
+            }
+            Some(input)
+        })
         .collect();
     if inputs.is_empty() {
         return Ok(());

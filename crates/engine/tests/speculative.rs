@@ -157,6 +157,42 @@ fn trees_and_chains_batched_together_stay_exact() {
     }
 }
 
+/// Prompts arriving together are fed one chunk of prompt rows a pass (`PROMPT_ROWS_PER_PASS`),
+/// whole chunks in order, beside the decoding sequences; each sequence still gives its plain
+/// output.
+#[test]
+fn prompts_share_passes_within_the_prompt_row_budget() {
+    let lm = model("smollm2-135m");
+    let long = grounded_prompt(&lm, "json_extraction");
+    let chunk = engine::step::PROMPT_ROWS_PER_PASS;
+    assert_eq!(chunk, engine::step::PREFILL_CHUNK);
+    let prompts: Vec<Vec<u32>> = [chunk + 44, 100, 50]
+        .iter()
+        .map(|&n| long[..n].to_vec())
+        .collect();
+    let mut seqs: Vec<engine::Sequence> = prompts
+        .iter()
+        .map(|p| engine::Sequence::new(&lm.model, p.clone(), greedy(24, 8, 1, 3), 4096).unwrap())
+        .collect();
+    let mut pass = |seqs: &mut Vec<engine::Sequence>| {
+        let mut refs: Vec<&mut engine::Sequence> = seqs.iter_mut().collect();
+        engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
+        seqs.iter().map(|s| s.positions()).collect::<Vec<_>>()
+    };
+    // The first sequence's first chunk fills the pass; then its last 44 rows and the two short
+    // prompts (194 rows) fit in one.
+    assert_eq!(pass(&mut seqs), [chunk, 0, 0]);
+    assert_eq!(pass(&mut seqs), [chunk + 44, 100, 50]);
+    assert!(seqs.iter().all(|s| !s.in_prefill()));
+    while seqs.iter().any(|s| !s.is_finished()) {
+        pass(&mut seqs);
+    }
+    for (i, (seq, prompt)) in seqs.into_iter().zip(&prompts).enumerate() {
+        let plain = run(&lm, prompt, greedy(24, 0, 1, 1), 4096);
+        assert_eq!(plain.token_ids, seq.into_output().token_ids, "sequence {i}");
+    }
+}
+
 /// A fork shares its parent's prompt cache (all but the last prompt token) and runs that token
 /// itself: under greedy decoding it produces exactly what its parent does.
 #[test]

@@ -1,8 +1,9 @@
 //! The KV memory budget through the server (`--kv-cache-bytes`): a small budget and many long
 //! concurrent requests. The caches never hold more than the budget (sampled from `/metrics`
 //! during the run), sequences are preempted and resume, every request completes with the output
-//! it gets on an idle server (greedy; streamed ones without a duplicate or a gap), and a request
-//! that could never fit gets a 400 at once in its API's shape.
+//! it gets on an idle server (greedy; streamed ones without a duplicate or a gap), resident memory
+//! grows by no more than the budgets and a stated slack, and a request that could never fit gets
+//! a 400 at once in its API's shape.
 
 mod common;
 
@@ -13,6 +14,25 @@ use std::sync::Arc;
 
 const MAX_TOKENS: usize = 120;
 const REQUESTS: usize = 6;
+
+/// Resident memory beyond the budgets that a budgeted server may take under this load: the
+/// activations and logits of its passes and the compute threads' scratch.
+const RESIDENT_SLACK: usize = 64 << 20;
+
+/// A line of `/proc/self/status` in kB (`VmRSS`, `VmHWM`), where Linux tells it.
+fn resident_kb(field: &str) -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// Starts a new window for `VmHWM` (Linux's `clear_refs`); where it is refused, the peak since
+/// start is what is checked, which only makes the check stricter.
+fn reset_peak_resident() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
 
 /// A prompt the model continues at length (counting), different per request.
 fn prompt(i: usize) -> String {
@@ -112,6 +132,9 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
             (most, samples)
         })
     };
+    // Resident memory from here on: the budgeted server's caches, prefix cache and passes.
+    let before = resident_kb("VmRSS");
+    reset_peak_resident();
     let load: Vec<_> = (0..REQUESTS)
         .map(|i| {
             let base = base.clone();
@@ -140,6 +163,21 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
         most <= budget as f64,
         "{most} bytes held, over the budget of {budget}"
     );
+    // What the load added to resident memory stays within the KV budget, the prefix cache's
+    // budget and a stated slack for the passes' activations and the threads' scratch.
+    let peak = resident_kb("VmHWM");
+    if let (Some(before), Some(peak)) = (before, peak) {
+        let grown = peak.saturating_sub(before) * 1024;
+        let bound = budget + common::PREFIX_CACHE_BYTES + RESIDENT_SLACK;
+        assert!(
+            grown <= bound,
+            "resident memory grew by {grown} bytes under load, past the budgets and slack ({bound})"
+        );
+    } else {
+        eprintln!(
+            "a_small_budget_preempts: /proc/self/status does not tell resident memory; not checked"
+        );
+    }
     let preemptions = m("pld_num_preemptions_total").await;
     assert!(preemptions >= 1.0, "no sequence was preempted");
     assert_eq!(m("pld_num_requests_waiting").await, 0.0);

@@ -6,7 +6,7 @@
 //!
 //! A workload row with a `schema` (a JSON Schema) asks for its answer under it (OpenAI's
 //! `response_format` of type `json_schema`, first turns only), and the table gives the share of
-//! those answers that parse and validate. Each level also reports the process's peak resident
+//! those answers that parse and validate (and how many stopped at `--max-tokens`). Each level also reports the process's peak resident
 //! memory (both servers and the model are in this process).
 //!
 //! With `--turns T` each client holds conversations instead: the first message is a workload
@@ -68,8 +68,9 @@ struct LevelResult {
     p95_latency: f64,
     mean_ttft: f64,
     p50_ttft: f64,
-    /// Of the answers asked under a schema: the share that parsed and validated, and how many.
-    schema_valid: Option<(f64, usize)>,
+    /// Of the answers asked under a schema: the share that parsed and validated, how many there
+    /// were, and how many of them stopped at `max_tokens`.
+    schema_valid: Option<(f64, usize, usize)>,
     /// The process's peak resident memory over the mode's runs of the level.
     peak_rss_bytes: u64,
     /// Per turn: mean time to first token (s) and the share of prompt tokens served from the
@@ -88,6 +89,8 @@ struct RequestSample {
     cached_tokens: u64,
     /// Whether the answer met the row's schema (rows with one).
     valid: Option<bool>,
+    /// Whether the answer stopped at `max_tokens` (finish reason "length").
+    cut: bool,
 }
 
 /// A first turn to send, with the schema its answer must meet where the row has one.
@@ -178,8 +181,11 @@ impl Samples {
             .collect();
         let mut ttft: Vec<f64> = self.requests.iter().map(|x| x.ttft).collect();
         ttft.sort_by(|a, b| a.total_cmp(b));
-        let checked: Vec<bool> = self.requests.iter().filter_map(|r| r.valid).collect();
-        let valid = checked.iter().filter(|&&v| v).count();
+        let checked: Vec<(bool, bool)> = (self.requests.iter())
+            .filter_map(|r| Some((r.valid?, r.cut)))
+            .collect();
+        let valid = checked.iter().filter(|c| c.0).count();
+        let cut = checked.iter().filter(|c| c.1).count();
         LevelResult {
             requests_per_s: lat.len() as f64 / wall,
             tokens_per_s: tokens as f64 / wall,
@@ -189,7 +195,7 @@ impl Samples {
             mean_ttft: mean(&mut ttft.iter().copied()),
             p50_ttft: quantile(&ttft, 0.5),
             schema_valid: (!checked.is_empty())
-                .then(|| (valid as f64 / checked.len() as f64, checked.len())),
+                .then(|| (valid as f64 / checked.len() as f64, checked.len(), cut)),
             peak_rss_bytes: self.peak_rss_bytes,
             turns: per_turn,
         }
@@ -314,6 +320,7 @@ async fn chat_request(
         anyhow::bail!("request failed ({status}): {text}");
     }
     let (mut buf, mut text, mut ttft, mut usage) = (String::new(), String::new(), None, None);
+    let mut cut = false;
     while let Some(chunk) = r.chunk().await? {
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buf.find("\n\n") {
@@ -334,6 +341,7 @@ async fn chat_request(
                     text.push_str(delta);
                 }
             }
+            cut |= v["choices"][0]["finish_reason"] == "length";
             if v["usage"].is_object() {
                 usage = Some(v["usage"].clone());
             }
@@ -351,6 +359,7 @@ async fn chat_request(
             .as_u64()
             .unwrap_or(0),
         valid: schema.map(|s| s.accepts(&text)),
+        cut,
     };
     Ok((text, sample))
 }
@@ -479,7 +488,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|(ttft, cached)| json!({"mean_ttft_s": ttft, "cached_prompt_share": cached}))
                 .collect();
-            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p50_latency_s": r.p50_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "p50_ttft_s": r.p50_ttft, "schema_valid_share": r.schema_valid.map(|v| v.0), "schema_answers": r.schema_valid.map_or(0, |v| v.1), "peak_rss_bytes": r.peak_rss_bytes, "turns": turns})
+            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p50_latency_s": r.p50_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "p50_ttft_s": r.p50_ttft, "schema_valid_share": r.schema_valid.map(|v| v.0), "schema_answers": r.schema_valid.map_or(0, |v| v.1), "schema_answers_cut": r.schema_valid.map_or(0, |v| v.2), "peak_rss_bytes": r.peak_rss_bytes, "turns": turns})
         };
         let v: Vec<Value> = rows
             .iter()
@@ -522,8 +531,8 @@ fn print_tables(
     println!("| clients | mode | req/s | gen tok/s | p50 / p95 latency s | mean / p50 TTFT s | schema-valid | peak RSS GiB | speedup |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for (c, p, s) in rows {
         for (name, r) in [("plain", p), ("speculative", s)] {
-            let valid = r.schema_valid.map_or("-".into(), |(share, n)| {
-                format!("{:.0}% of {n}", share * 100.0)
+            let valid = r.schema_valid.map_or("-".into(), |(share, n, cut)| {
+                format!("{:.0}% of {n} ({cut} cut)", share * 100.0)
             });
             let speedup = match name {
                 "plain" => String::new(),
