@@ -174,7 +174,7 @@ fn prompts_share_passes_within_the_prompt_row_budget() {
         .iter()
         .map(|p| engine::Sequence::new(&lm.model, p.clone(), greedy(24, 8, 1, 3), 4096).unwrap())
         .collect();
-    let mut pass = |seqs: &mut Vec<engine::Sequence>| {
+    let pass = |seqs: &mut Vec<engine::Sequence>| {
         let mut refs: Vec<&mut engine::Sequence> = seqs.iter_mut().collect();
         engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
         seqs.iter().map(|s| s.positions()).collect::<Vec<_>>()
