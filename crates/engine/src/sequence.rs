@@ -367,6 +367,16 @@ impl Sequence {
         matches!(self.phase, Phase::Prefill(_) | Phase::Refill { .. })
     }
 
+    /// Rows still to feed before decoding (the prompt's rest in prefill, the recomputed tokens'
+    /// in a refill); `None` while decoding or finished.
+    pub fn prompt_rows_left(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Prefill(done) => Some(self.prompt_len - done),
+            Phase::Refill { done, .. } => Some(self.tokens.len() - 1 - done),
+            _ => None,
+        }
+    }
+
     pub fn prompt_tokens(&self) -> &[u32] {
         &self.tokens[..self.prompt_len]
     }

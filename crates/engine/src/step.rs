@@ -1,8 +1,8 @@
 //! `step`: one forward pass over any set of sequences. Each sequence sends its inputs (a prompt
-//! chunk while in prefill, else its last token and a draft), within the pass's budget of prompt
-//! rows (`PROMPT_ROWS_PER_PASS`), every row goes through the model together, and each sequence then takes its own logits rows (`Sequence::prefilled` and
-//! `decoded`, in `sequence.rs`): prefill moves on (the prompt's
-//! last row gives the first token), a decode step verifies its draft, keeps the accepted path in
+//! chunk while in prefill, within the pass's budget of prompt rows, `PROMPT_ROWS_PER_PASS`; else
+//! its last token and a draft), every row goes through the model together, and each sequence
+//! then takes its own logits rows (`Sequence::prefilled` and `decoded`, in `sequence.rs`):
+//! prefill moves on (the prompt's last row gives the first token), a decode step verifies its draft, keeps the accepted path in
 //! its cache, counts it, teaches its drafter and emits the tokens.
 
 use crate::error::Result;
@@ -13,36 +13,50 @@ use std::time::Instant;
 
 pub use crate::sequence::PREFILL_CHUNK;
 
-/// Prompt rows (prefill and refill chunks) one pass takes at most beside its decoding rows: one
-/// chunk, the width the prompt kernels are made for. Sequences feeding a prompt go in their
-/// order, whole chunks only, each while the pass's prompt rows stay within this (the first always
-/// goes); the rest wait for a later pass. Without it, N sequences arriving together made one pass
-/// of N chunks: a pass of thousands of rows whose activations outgrew the caches (and took
+/// Prompt rows (prefill and refill chunks) one pass takes at most beside its decoding rows: two
+/// chunks. The first prefilling sequence of the set goes first (a server's oldest), so that every
+/// prompt gets through; the others follow by the rows they have left, shortest first, whole chunks while
+/// they fit, so that a short prompt (an agent's side request, a chat's next turn after its
+/// cached prefix) never waits behind a long one. Without a budget, N prompts arriving together
+/// made one pass of N chunks: thousands of rows whose activations outgrew the caches (and took
 /// gigabytes), while every decoding sequence waited on it for its next token. What a sequence
 /// computes never depends on the pass its chunks ride in.
-pub const PROMPT_ROWS_PER_PASS: usize = PREFILL_CHUNK;
+pub const PROMPT_ROWS_PER_PASS: usize = 2 * PREFILL_CHUNK;
+
+/// Which of `seqs` feed a prompt chunk this pass (`PROMPT_ROWS_PER_PASS`); decoding sequences
+/// are not counted.
+fn prompt_feeders(seqs: &[&mut Sequence]) -> Vec<bool> {
+    let mut waiting: Vec<(usize, usize)> = (seqs.iter().enumerate())
+        .filter_map(|(i, s)| Some((s.prompt_rows_left()?, i)))
+        .collect();
+    let mut feeds = vec![false; seqs.len()];
+    let Some(&(left, first)) = waiting.first() else {
+        return feeds;
+    };
+    feeds[first] = true;
+    let mut rows = left.min(PREFILL_CHUNK);
+    waiting[1..].sort_unstable();
+    for &(left, i) in &waiting[1..] {
+        let chunk = left.min(PREFILL_CHUNK);
+        if rows + chunk <= PROMPT_ROWS_PER_PASS {
+            feeds[i] = true;
+            rows += chunk;
+        }
+    }
+    feeds
+}
 
 /// Advances every decoding sequence by one forward pass (its last token plus its draft, a chain
-/// or a tree), and the sequences still feeding a prompt by a chunk each, in order, within
+/// or a tree), and the sequences still feeding a prompt by a chunk each within
 /// `PROMPT_ROWS_PER_PASS`.
 pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Result<()> {
     let started = Instant::now();
-    let mut prompt_rows = 0;
+    let feeds = prompt_feeders(seqs);
     let inputs: Vec<PassInput> = seqs
         .iter_mut()
         .enumerate()
-        .filter_map(|(si, seq)| {
-            let input = seq.pass_input(si, tok)?;
-            if seq.in_prefill() {
-                // A chunk is only sliced from the prompt: leaving it out changes nothing.
-                let rows = input.tokens.len();
-                if prompt_rows > 0 && prompt_rows + rows > PROMPT_ROWS_PER_PASS {
-                    return None;
-                }
-                prompt_rows += rows;
-            }
-            Some(input)
-        })
+        .filter(|(si, seq)| !seq.in_prefill() || feeds[*si])
+        .filter_map(|(si, seq)| seq.pass_input(si, tok))
         .collect();
     if inputs.is_empty() {
         return Ok(());

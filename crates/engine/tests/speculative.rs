@@ -157,16 +157,18 @@ fn trees_and_chains_batched_together_stay_exact() {
     }
 }
 
-/// Prompts arriving together are fed one chunk of prompt rows a pass (`PROMPT_ROWS_PER_PASS`),
-/// whole chunks in order, beside the decoding sequences; each sequence still gives its plain
-/// output.
+/// Prompts arriving together are fed at most `PROMPT_ROWS_PER_PASS` prompt rows a pass, whole
+/// chunks, beside the decoding sequences: the first prefilling sequence first, then the others
+/// by the rows they have left, shortest first (a short prompt overtakes a longer one); each
+/// sequence still gives its plain output.
 #[test]
 fn prompts_share_passes_within_the_prompt_row_budget() {
     let lm = model("smollm2-135m");
     let long = grounded_prompt(&lm, "json_extraction");
-    let chunk = engine::step::PROMPT_ROWS_PER_PASS;
-    assert_eq!(chunk, engine::step::PREFILL_CHUNK);
-    let prompts: Vec<Vec<u32>> = [chunk + 44, 100, 50]
+    let chunk = engine::step::PREFILL_CHUNK;
+    assert_eq!(engine::step::PROMPT_ROWS_PER_PASS, 2 * chunk);
+    assert!(long.len() >= 2 * chunk + 88, "{} prompt tokens", long.len());
+    let prompts: Vec<Vec<u32>> = [2 * chunk + 88, chunk + 44, 100]
         .iter()
         .map(|&n| long[..n].to_vec())
         .collect();
@@ -179,10 +181,14 @@ fn prompts_share_passes_within_the_prompt_row_budget() {
         engine::step(&lm.model, &lm.tokenizer, &mut refs).unwrap();
         seqs.iter().map(|s| s.positions()).collect::<Vec<_>>()
     };
-    // The first sequence's first chunk fills the pass; then its last 44 rows and the two short
-    // prompts (194 rows) fit in one.
-    assert_eq!(pass(&mut seqs), [chunk, 0, 0]);
-    assert_eq!(pass(&mut seqs), [chunk + 44, 100, 50]);
+    // The first prompt's chunk, then the shortest (100 rows); the middle one's chunk would pass
+    // the budget and waits.
+    assert_eq!(pass(&mut seqs), [chunk, 0, 100]);
+    // Two whole chunks (the third sequence decodes beside them), then both prompts' rests.
+    let second = pass(&mut seqs);
+    assert_eq!(second[..2], [2 * chunk, chunk]);
+    assert!(second[2] > 100, "the third sequence decoded");
+    assert_eq!(pass(&mut seqs)[..2], [2 * chunk + 88, chunk + 44]);
     assert!(seqs.iter().all(|s| !s.in_prefill()));
     while seqs.iter().any(|s| !s.is_finished()) {
         pass(&mut seqs);
