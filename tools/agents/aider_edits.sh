@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A copy-heavy agent workload, recorded for `pld bench replay`: aider asked for three edits in a row
-# to one 122-line Python file (pld's own tools/serve_load/load.py), in a scratch git repository,
+# to one 122-line Python file (tools/agents/subject/load.py, a frozen copy of an early tools/serve_load/load.py), in a scratch git repository,
 # through `pld serve --record-requests`. aider's edit format for a model it does not know is
 # "whole": every answer re-sends the whole file with the edit in it, and every request re-sends
 # the file as it now is, which is what prompt lookup and the prefix cache are for. Run by hand
@@ -29,7 +29,7 @@ if [ ! -x "$AIDER" ]; then
 fi
 
 REPO=$OUT/repo
-rm -rf "$REPO" "$OUT/record" && mkdir -p "$REPO" && cp "$ROOT/tools/serve_load/load.py" "$REPO/"
+rm -rf "$REPO" "$OUT/record" && mkdir -p "$REPO" && cp "$ROOT/tools/agents/subject/load.py" "$REPO/"
 git -C "$REPO" init -q && git -C "$REPO" add . && git -C "$REPO" -c user.email=pld@test -c user.name=pld commit -qm start
 
 "$PLD" serve --model "$MODEL" --port "$PORT" --lenient --record-requests "$OUT/record" > "$OUT/serve.log" 2>&1 &

@@ -19,7 +19,7 @@ command -v claude >/dev/null || { echo "claude not found: npm install -g @anthro
 
 REPO=$OUT/repo
 rm -rf "$REPO" "$OUT/record" && mkdir -p "$REPO"
-cp "$ROOT/tools/serve_load/load.py" "$REPO/"
+cp "$ROOT/tools/agents/subject/load.py" "$REPO/"
 git -C "$REPO" init -q && git -C "$REPO" add . && git -C "$REPO" -c user.email=pld@test -c user.name=pld commit -qm start
 
 RUST_LOG=info "$PLD" serve --model "$MODEL" --port "$PORT" --lenient --record-requests "$OUT/record" "$@" > "$OUT/serve.log" 2>&1 &

@@ -21,7 +21,7 @@ the recording's JSONL format, one request per line, for `pld bench replay`.
         --repo /tmp/sess/repo --out /tmp/sess/claude-session.jsonl
 
 The repository must be the one the agent was recorded in (its path is in the prompt), holding
-pld's tools/serve_load/load.py as committed; it is reset with `git checkout` first.
+tools/agents/subject/load.py (a frozen copy of an early tools/serve_load/load.py) as committed; it is reset with `git checkout` first.
 """
 
 import argparse
