@@ -68,9 +68,10 @@ def ask(url: str, model, prompt: str, schema, max_tokens: int) -> tuple:
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=3600) as resp:
         reply = json.load(resp)
+    latency = time.perf_counter() - t0
     text = reply["choices"][0]["message"].get("content") or ""
     checked = None if schema is None else valid(schema, text)
-    return time.perf_counter() - t0, reply["usage"]["completion_tokens"], checked
+    return latency, reply["usage"]["completion_tokens"], checked
 
 
 def level(url: str, model, prompts: list, clients: int, requests: int, max_tokens: int) -> dict:

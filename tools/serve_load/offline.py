@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Offline batch generation through pld's Python `LLM` (vLLM's offline names): N prompts from
-workloads in Spec-Bench's JSONL format, all handed to one `LLM.chat` call (one continuous batch
-of up to --max-num-seqs sequences), plain and speculative, each mode in its own process so that
-its peak resident memory is its own, the modes alternated over --rounds. A row with a `schema`
-asks for its answer under it (`StructuredOutputsParams(json=...)`), and the share of those answers
-that parse and validate is reported, with how many of them were cut at --max-tokens. Prints one line per run and, with --out, writes them as JSON.
+"""Offline batch generation through pld's Python `LLM` (vLLM's offline names): the first N rows
+of workloads in Spec-Bench's JSONL format (in file order, wrapping; `--categories` to pick), all
+handed to one `LLM.chat` call (one continuous batch of up to --max-num-seqs sequences), plain and
+speculative, each mode in its own process so that its peak resident memory is its own, the modes
+alternated over --rounds. A row with a `schema` asks for its answer under it
+(`StructuredOutputsParams(json=...)`), and the share of those answers that parse and validate is
+reported (`load.valid`), with how many of them were cut at --max-tokens. Prints one line per run
+and, with --out, writes them as JSON.
 
     python3 tools/serve_load/offline.py --model qwen-coder-1.5b --threads 2 \\
         --workload workloads/grounded-dev.jsonl --workload workloads/spec-bench-dev.jsonl \\
@@ -37,8 +39,10 @@ def rows(paths, categories):
 
 def one_mode(args) -> dict:
     """Runs one mode in this process and returns what it measured."""
-    import jsonschema
+    import jsonschema  # noqa: F401  (required: without it load.valid checks nothing)
     import pld
+
+    from load import valid as meets_schema  # this folder's load.py
 
     picked = rows(args.workload, args.categories.split(",") if args.categories else [])
     picked = [picked[i % len(picked)] for i in range(args.prompts)]
@@ -64,11 +68,7 @@ def one_mode(args) -> dict:
             continue
         checked += 1
         cut += o.outputs[0].finish_reason == "length"
-        try:
-            jsonschema.validate(json.loads(o.outputs[0].text), r["schema"])
-            valid += 1
-        except (ValueError, jsonschema.ValidationError):
-            pass
+        valid += meets_schema(r["schema"], o.outputs[0].text) is True
     firsts = sorted(o.metrics.first_token_s for o in outs if o.metrics.first_token_s is not None)
     return {
         "mode": args.mode,

@@ -367,6 +367,17 @@ impl Sequence {
         matches!(self.phase, Phase::Prefill(_) | Phase::Refill { .. })
     }
 
+    /// The positions of the chunk the next pass feeds (`PREFILL_CHUNK` at most, a refill's prompt
+    /// part before its generated part); `None` while decoding or finished.
+    pub(crate) fn prompt_chunk(&self) -> Option<std::ops::Range<usize>> {
+        let (done, end) = match self.phase {
+            Phase::Prefill(done) => (done, self.prompt_len),
+            Phase::Refill { done, .. } => (done, self.refill_end(done)),
+            _ => return None,
+        };
+        Some(done..(done + PREFILL_CHUNK).min(end))
+    }
+
     /// Rows still to feed before decoding (the prompt's rest in prefill, the recomputed tokens'
     /// in a refill); `None` while decoding or finished.
     pub fn prompt_rows_left(&self) -> Option<usize> {
@@ -535,24 +546,12 @@ impl Sequence {
     pub(crate) fn pass_input(&mut self, si: usize, tok: &Tokenizer) -> Option<PassInput> {
         match self.phase {
             Phase::Finished(_) => None,
-            Phase::Prefill(done) => {
-                let end = (done + PREFILL_CHUNK).min(self.prompt_len);
-                Some(PassInput {
-                    seq: si,
-                    tokens: self.tokens[done..end].to_vec(),
-                    tree: DraftTree::new(),
-                    parents: Vec::new(),
-                })
-            }
-            Phase::Refill { done, .. } => {
-                let end = (done + PREFILL_CHUNK).min(self.refill_end(done));
-                Some(PassInput {
-                    seq: si,
-                    tokens: self.tokens[done..end].to_vec(),
-                    tree: DraftTree::new(),
-                    parents: Vec::new(),
-                })
-            }
+            Phase::Prefill(_) | Phase::Refill { .. } => Some(PassInput {
+                seq: si,
+                tokens: self.tokens[self.prompt_chunk()?].to_vec(),
+                tree: DraftTree::new(),
+                parents: Vec::new(),
+            }),
             Phase::Decode(last) => {
                 let tree = self.draft(tok);
                 let mut tokens = Vec::with_capacity(tree.len() + 1);

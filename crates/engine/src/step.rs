@@ -2,8 +2,9 @@
 //! chunk while in prefill, within the pass's budget of prompt rows, `PROMPT_ROWS_PER_PASS`; else
 //! its last token and a draft), every row goes through the model together, and each sequence
 //! then takes its own logits rows (`Sequence::prefilled` and `decoded`, in `sequence.rs`):
-//! prefill moves on (the prompt's last row gives the first token), a decode step verifies its draft, keeps the accepted path in
-//! its cache, counts it, teaches its drafter and emits the tokens.
+//! prefill moves on (the prompt's last row gives the first token), a decode step verifies its
+//! draft, keeps the accepted path in its cache, counts it, teaches its drafter and emits the
+//! tokens.
 
 use crate::error::Result;
 use crate::model::{BatchItem, Model};
@@ -14,30 +15,29 @@ use std::time::Instant;
 pub use crate::sequence::PREFILL_CHUNK;
 
 /// Prompt rows (prefill and refill chunks) one pass takes at most beside its decoding rows: two
-/// chunks. The first prefilling sequence of the set goes first (a server's oldest), so that every
-/// prompt gets through; the others follow by the rows they have left, shortest first, whole chunks while
-/// they fit, so that a short prompt (an agent's side request, a chat's next turn after its
-/// cached prefix) never waits behind a long one. Without a budget, N prompts arriving together
-/// made one pass of N chunks: thousands of rows whose activations outgrew the caches (and took
-/// gigabytes), while every decoding sequence waited on it for its next token. What a sequence
-/// computes never depends on the pass its chunks ride in.
+/// chunks. The first prefilling sequence of the set goes first (a server's oldest), so that
+/// every prompt gets through; the others follow by the rows they have left, shortest first,
+/// whole chunks while they fit, so that a short prompt (an agent's side request, a chat's next
+/// turn after its cached prefix) never waits behind a long one. Without a budget, N prompts
+/// arriving together made one pass of N chunks: thousands of rows whose activations outgrew the
+/// caches (and took gigabytes), while every decoding sequence waited on it for its next token.
+/// What a sequence computes never depends on the pass its chunks ride in.
 pub const PROMPT_ROWS_PER_PASS: usize = 2 * PREFILL_CHUNK;
 
-/// Which of `seqs` feed a prompt chunk this pass (`PROMPT_ROWS_PER_PASS`); decoding sequences
-/// are not counted.
+/// Which of `seqs` feed their next prompt chunk (`Sequence::prompt_chunk`) this pass, within
+/// `PROMPT_ROWS_PER_PASS`; decoding sequences are not counted.
 fn prompt_feeders(seqs: &[&mut Sequence]) -> Vec<bool> {
-    let mut waiting: Vec<(usize, usize)> = (seqs.iter().enumerate())
-        .filter_map(|(i, s)| Some((s.prompt_rows_left()?, i)))
+    // (rows left, chunk rows, place) of each sequence feeding a prompt, in the set's order.
+    let mut waiting: Vec<(usize, usize, usize)> = (seqs.iter().enumerate())
+        .filter_map(|(i, s)| Some((s.prompt_rows_left()?, s.prompt_chunk()?.len(), i)))
         .collect();
     let mut feeds = vec![false; seqs.len()];
-    let Some(&(left, first)) = waiting.first() else {
+    let Some(&(_, mut rows, first)) = waiting.first() else {
         return feeds;
     };
     feeds[first] = true;
-    let mut rows = left.min(PREFILL_CHUNK);
     waiting[1..].sort_unstable();
-    for &(left, i) in &waiting[1..] {
-        let chunk = left.min(PREFILL_CHUNK);
+    for &(_, chunk, i) in &waiting[1..] {
         if rows + chunk <= PROMPT_ROWS_PER_PASS {
             feeds[i] = true;
             rows += chunk;

@@ -1,8 +1,9 @@
 //! Continuous batching: one engine loop on its own thread. Requests join the running batch at step
 //! boundaries (up to `max_num_seqs`, the rest wait in a bounded queue), the running sequences
 //! advance in the same forward pass through the engine's `step` (every decoding one, and prompt
-//! chunks within `step::PROMPT_ROWS_PER_PASS`, the oldest first, then the shortest), text goes back to each request's
-//! channel as it is accepted, and a sequence whose client went away is dropped within one step.
+//! chunks within `step::PROMPT_ROWS_PER_PASS`, the oldest first, then the shortest), text goes
+//! back to each request's channel as it is accepted, and a sequence whose client went away is
+//! dropped within one step.
 //! A request may also set `Limits` (llama-server's time to generate and indentation, for
 //! completions in an editor): a sequence that reaches one ends after the step that reached it.
 //!

@@ -1129,14 +1129,9 @@ print("ok")
     run_python(script).await;
 }
 
-/// Resident memory of this process (the server runs in it), in kB.
+/// Resident memory of this process (the server runs in it), in kB (0 where Linux does not tell).
 fn rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    common::status_kb("VmRSS").unwrap_or(0)
 }
 
 /// The soak's two tenants, and the document each asks about.

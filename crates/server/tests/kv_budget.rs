@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{client, config, metric_by, model, post, start};
+use common::{client, config, metric_by, model, post, start, status_kb};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,21 +18,6 @@ const REQUESTS: usize = 6;
 /// Resident memory beyond the budgets that a budgeted server may take under this load: the
 /// activations and logits of its passes and the compute threads' scratch.
 const RESIDENT_SLACK: usize = 64 << 20;
-
-/// A line of `/proc/self/status` in kB (`VmRSS`, `VmHWM`), where Linux tells it.
-fn resident_kb(field: &str) -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
-    line.trim().trim_end_matches("kB").trim().parse().ok()
-}
-
-/// Starts a new window for `VmHWM` (Linux's `clear_refs`); where it is refused, the peak since
-/// start is what is checked, which only makes the check stricter.
-fn reset_peak_resident() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
 
 /// A prompt the model continues at length (counting), different per request.
 fn prompt(i: usize) -> String {
@@ -133,8 +118,8 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
         })
     };
     // Resident memory from here on: the budgeted server's caches, prefix cache and passes.
-    let before = resident_kb("VmRSS");
-    reset_peak_resident();
+    let before = status_kb("VmRSS");
+    common::reset_peak_resident();
     let load: Vec<_> = (0..REQUESTS)
         .map(|i| {
             let base = base.clone();
@@ -165,9 +150,9 @@ async fn a_small_budget_preempts_and_every_output_is_unchanged() {
     );
     // What the load added to resident memory stays within the KV budget, the prefix cache's
     // budget and a stated slack for the passes' activations and the threads' scratch.
-    let peak = resident_kb("VmHWM");
+    let peak = status_kb("VmHWM");
     if let (Some(before), Some(peak)) = (before, peak) {
-        let grown = peak.saturating_sub(before) * 1024;
+        let grown = peak.saturating_sub(before) as usize * 1024;
         let bound = budget + common::PREFIX_CACHE_BYTES + RESIDENT_SLACK;
         assert!(
             grown <= bound,

@@ -6,8 +6,9 @@
 //!
 //! A workload row with a `schema` (a JSON Schema) asks for its answer under it (OpenAI's
 //! `response_format` of type `json_schema`, first turns only), and the table gives the share of
-//! those answers that parse and validate (and how many stopped at `--max-tokens`). Each level also reports the process's peak resident
-//! memory (both servers and the model are in this process).
+//! those answers that parse and validate (and how many stopped at `--max-tokens`). Each level
+//! also reports the process's peak resident memory (both servers and the model are in this
+//! process).
 //!
 //! With `--turns T` each client holds conversations instead: the first message is a workload
 //! prompt (a document and a task), the next T-1 are follow-up questions, and every request
@@ -68,9 +69,8 @@ struct LevelResult {
     p95_latency: f64,
     mean_ttft: f64,
     p50_ttft: f64,
-    /// Of the answers asked under a schema: the share that parsed and validated, how many there
-    /// were, and how many of them stopped at `max_tokens`.
-    schema_valid: Option<(f64, usize, usize)>,
+    /// The answers asked under a schema, where there were any.
+    schema: Option<SchemaAnswers>,
     /// The process's peak resident memory over the mode's runs of the level.
     peak_rss_bytes: u64,
     /// Per turn: mean time to first token (s) and the share of prompt tokens served from the
@@ -91,6 +91,16 @@ struct RequestSample {
     valid: Option<bool>,
     /// Whether the answer stopped at `max_tokens` (finish reason "length").
     cut: bool,
+}
+
+/// What became of the answers asked under a schema.
+#[derive(Clone, Copy)]
+struct SchemaAnswers {
+    /// The share that parsed and met the schema.
+    valid_share: f64,
+    answers: usize,
+    /// How many stopped at `max_tokens`.
+    cut: usize,
 }
 
 /// A first turn to send, with the schema its answer must meet where the row has one.
@@ -194,8 +204,11 @@ impl Samples {
             p95_latency: quantile(&lat, 0.95),
             mean_ttft: mean(&mut ttft.iter().copied()),
             p50_ttft: quantile(&ttft, 0.5),
-            schema_valid: (!checked.is_empty())
-                .then(|| (valid as f64 / checked.len() as f64, checked.len(), cut)),
+            schema: (!checked.is_empty()).then(|| SchemaAnswers {
+                valid_share: valid as f64 / checked.len() as f64,
+                answers: checked.len(),
+                cut,
+            }),
             peak_rss_bytes: self.peak_rss_bytes,
             turns: per_turn,
         }
@@ -488,7 +501,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|(ttft, cached)| json!({"mean_ttft_s": ttft, "cached_prompt_share": cached}))
                 .collect();
-            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p50_latency_s": r.p50_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "p50_ttft_s": r.p50_ttft, "schema_valid_share": r.schema_valid.map(|v| v.0), "schema_answers": r.schema_valid.map_or(0, |v| v.1), "schema_answers_cut": r.schema_valid.map_or(0, |v| v.2), "peak_rss_bytes": r.peak_rss_bytes, "turns": turns})
+            json!({"requests_per_s": r.requests_per_s, "tokens_per_s": r.tokens_per_s, "mean_latency_s": r.mean_latency, "p50_latency_s": r.p50_latency, "p95_latency_s": r.p95_latency, "mean_ttft_s": r.mean_ttft, "p50_ttft_s": r.p50_ttft, "schema_valid_share": r.schema.map(|v| v.valid_share), "schema_answers": r.schema.map_or(0, |v| v.answers), "schema_answers_cut": r.schema.map_or(0, |v| v.cut), "peak_rss_bytes": r.peak_rss_bytes, "turns": turns})
         };
         let v: Vec<Value> = rows
             .iter()
@@ -531,8 +544,13 @@ fn print_tables(
     println!("| clients | mode | req/s | gen tok/s | p50 / p95 latency s | mean / p50 TTFT s | schema-valid | peak RSS GiB | speedup |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for (c, p, s) in rows {
         for (name, r) in [("plain", p), ("speculative", s)] {
-            let valid = r.schema_valid.map_or("-".into(), |(share, n, cut)| {
-                format!("{:.0}% of {n} ({cut} cut)", share * 100.0)
+            let valid = r.schema.map_or("-".into(), |v| {
+                format!(
+                    "{:.0}% of {} ({} cut)",
+                    v.valid_share * 100.0,
+                    v.answers,
+                    v.cut
+                )
             });
             let speedup = match name {
                 "plain" => String::new(),

@@ -179,3 +179,19 @@ pub async fn metric_by(c: &reqwest::Client, base: &str, name: &str) -> f64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or(f64::NAN)
 }
+
+/// A memory line of this process's `/proc/self/status` in kB (`VmRSS`, `VmHWM`; the servers the
+/// tests start run in it), where Linux tells it.
+pub fn status_kb(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// Starts a new window for `VmHWM` (Linux's `clear_refs`); where it is refused, the peak since
+/// start is what `status_kb("VmHWM")` reads.
+pub fn reset_peak_resident() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
