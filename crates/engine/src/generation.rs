@@ -36,6 +36,12 @@ pub struct GenerationConfig {
     /// What the output must be (free text, any JSON object, JSON matching a schema).
     #[serde(default, skip_serializing_if = "ResponseFormat::is_text")]
     pub response_format: ResponseFormat,
+    /// Text the first generated token must begin with (token healing: the prompt's last token
+    /// was taken back, so the model writes it again with whatever follows, as one token); the
+    /// output begins with it. Only the first token is held to it, and the first token is always
+    /// chosen from the prompt's last row, never drafted, so speculation cannot change it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_prefix: Option<String>,
 }
 
 impl Default for GenerationConfig {
@@ -48,6 +54,7 @@ impl Default for GenerationConfig {
             stop: Vec::new(),
             logprobs: None,
             response_format: ResponseFormat::Text,
+            first_token_prefix: None,
         }
     }
 }
@@ -182,6 +189,7 @@ impl GenerationSettings {
             stop: self.stop.clone(),
             logprobs: self.logprobs,
             response_format: self.response_format.clone(),
+            first_token_prefix: None,
         })
     }
 }

@@ -644,10 +644,18 @@ impl Sequence {
         if self.is_finished() {
             return;
         }
+        let healed;
+        let row = match self.config.first_token_prefix.as_deref() {
+            Some(p) => {
+                healed = tok.tokens_starting_with(last_row, p.as_bytes());
+                &healed[..]
+            }
+            None => last_row,
+        };
         let (params, rng) = (&self.config.sampling, &mut self.rng);
         let token = match self.constraint.as_mut() {
-            Some(c) => first_token(c, last_row, &self.tokens, params, rng),
-            None => verify(last_row, pass.vocab, &[], &self.tokens, params, rng).tokens[0],
+            Some(c) => first_token(c, row, &self.tokens, params, rng),
+            None => verify(row, pass.vocab, &[], &self.tokens, params, rng).tokens[0],
         };
         self.emit(tok, token, last_row);
     }

@@ -242,6 +242,23 @@ impl Tokenizer {
             .unwrap_or(&[])
     }
 
+    /// `row` (one logit per token id) with only the text tokens whose bytes begin with `prefix`
+    /// kept: every other logit, and those of ids past the vocabulary, are minus infinity.
+    /// Token healing: a prompt's last token taken back, the next token must write it again.
+    pub fn tokens_starting_with(&self, row: &[f32], prefix: &[u8]) -> Vec<f32> {
+        let keep = |id: u32| !self.is_control(id) && self.token_bytes(id).starts_with(prefix);
+        (0u32..)
+            .zip(row)
+            .map(|(id, &v)| if keep(id) { v } else { f32::NEG_INFINITY })
+            .collect()
+    }
+
+    /// Whether some text token's bytes begin with `prefix`.
+    pub fn some_token_starts_with(&self, prefix: &[u8]) -> bool {
+        (0..self.token_bytes.len() as u32)
+            .any(|id| !self.is_control(id) && self.token_bytes(id).starts_with(prefix))
+    }
+
     pub fn is_control(&self, id: u32) -> bool {
         self.is_control.get(id as usize).copied().unwrap_or(false)
     }

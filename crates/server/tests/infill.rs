@@ -49,6 +49,22 @@ fn infill(n_predict: i64) -> Value {
     })
 }
 
+/// The prompt pld builds for `infill`, written out: the text before the cursor split where
+/// `fim::split` says the written middle starts, the written middle after the middle token less
+/// its last token, the trailing space of `PROMPT` (token healing: the model's first token must
+/// begin with it, and the answer leaves it out).
+fn by_hand() -> String {
+    let before = format!("{PREFIX}{PROMPT}");
+    let (prefix, middle) = before.split_at(engine::fim::split::written_middle_start(&before));
+    let middle = middle.trim_end_matches(' ');
+    format!("<|fim_prefix|>{prefix}<|fim_suffix|>{SUFFIX}<|fim_middle|>{middle}")
+}
+
+/// The prompt pld builds for OpenAI's `suffix`, written out: all of `prompt` is the prefix.
+fn by_hand_for_suffix() -> String {
+    format!("<|fim_prefix|>{PREFIX}{PROMPT}<|fim_suffix|>{SUFFIX}<|fim_middle|>")
+}
+
 fn number(v: &Value, key: &str) -> f64 {
     v[key]
         .as_f64()
@@ -62,7 +78,7 @@ async fn metric(base: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infill_writes_the_middle_in_llama_servers_shape() {
     let base = start_coder().await;
-    let (status, v) = post(&base, "/infill", infill(16)).await;
+    let (status, v) = post(&base, "/infill", infill(32)).await;
     assert_eq!(status, 200, "{v}");
     let content = v["content"].as_str().unwrap().to_string();
     assert!(content.starts_with("a + b"), "{v}");
@@ -72,13 +88,13 @@ async fn infill_writes_the_middle_in_llama_servers_shape() {
     assert!(!content.contains("<|"), "{v}");
     let predicted = number(&v, "tokens_predicted");
     let evaluated = number(&v, "tokens_evaluated");
-    assert!((1.0..=16.0).contains(&predicted), "{v}");
+    assert!((1.0..=32.0).contains(&predicted), "{v}");
     assert_eq!(number(&v, "tokens_cached"), evaluated + predicted);
     let prompt = v["prompt"].as_str().unwrap();
     assert_eq!(
         prompt,
-        format!("<|fim_prefix|>{PREFIX}{PROMPT}<|fim_suffix|>{SUFFIX}<|fim_middle|>"),
-        "no chunks: the plain layout"
+        by_hand(),
+        "no chunks: the plain layout, the typed part of the line after the middle token"
     );
     let t = &v["timings"];
     assert_eq!(number(t, "predicted_n"), predicted);
@@ -95,8 +111,9 @@ async fn infill_writes_the_middle_in_llama_servers_shape() {
     }
     assert_eq!(v["model"], "qwen-coder-0.5b");
 
-    // The same middle from OpenAI's suffix and from the prompt written out by hand, with and
-    // without speculation.
+    // The same middle from the prompt written out by hand (which the model begins with the
+    // healed space), and OpenAI's suffix the same as its prompt by hand, with and without
+    // speculation.
     let markers = [
         "<|fim_prefix|>",
         "<|fim_suffix|>",
@@ -106,9 +123,10 @@ async fn infill_writes_the_middle_in_llama_servers_shape() {
         "<|file_sep|>",
         "<|endoftext|>",
     ];
-    let by_hand = format!("<|fim_prefix|>{PREFIX}{PROMPT}<|fim_suffix|>{SUFFIX}<|fim_middle|>");
+    let (by_hand, for_suffix) = (by_hand(), by_hand_for_suffix());
+    let mut suffix_middle = None;
     for spec in [json!(0), json!(8)] {
-        let mut body = infill(16);
+        let mut body = infill(32);
         body["num_speculative_tokens"] = spec.clone();
         let (s, w) = post(&base, "/infill", body).await;
         assert_eq!(s, 200, "{w}");
@@ -121,20 +139,32 @@ async fn infill_writes_the_middle_in_llama_servers_shape() {
         )
         .await;
         assert_eq!(s, 200, "{c}");
-        assert_eq!(
-            c["choices"][0]["text"], content,
-            "suffix, speculation {spec}"
-        );
+        let text = c["choices"][0]["text"].clone();
+        assert!(text.as_str().unwrap().contains("a + b"), "{c}");
+        assert_eq!(suffix_middle.get_or_insert(text.clone()), &text, "{spec}");
         let (s, c) = post(
             &base,
             "/v1/completions",
-            json!({"prompt": by_hand, "max_tokens": 16, "temperature": 0, "stop": markers,
+            json!({"prompt": for_suffix, "max_tokens": 16, "temperature": 0, "stop": markers,
                    "num_speculative_tokens": spec}),
         )
         .await;
         assert_eq!(s, 200, "{c}");
         assert_eq!(
-            c["choices"][0]["text"], content,
+            c["choices"][0]["text"], text,
+            "suffix by hand, speculation {spec}"
+        );
+        let (s, c) = post(
+            &base,
+            "/v1/completions",
+            json!({"prompt": by_hand, "max_tokens": 32, "temperature": 0, "stop": markers,
+                   "num_speculative_tokens": spec}),
+        )
+        .await;
+        assert_eq!(s, 200, "{c}");
+        assert_eq!(
+            c["choices"][0]["text"],
+            format!(" {content}"),
             "by hand, speculation {spec}"
         );
     }
@@ -154,6 +184,44 @@ async fn infill_writes_the_middle_in_llama_servers_shape() {
         ),
         "{w}"
     );
+}
+
+/// A cursor inside a word: ` ret` and `u` are taken back from the prompt and the first token
+/// must begin with ` retu` (token healing), so the model writes ` return` whole and the answer
+/// goes on from the cursor; the same with speculation, and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_inside_a_word_is_healed() {
+    let base = start_coder().await;
+    let mut body = infill(32);
+    body["prompt"] = json!("    retu");
+    let (s, v) = post(&base, "/infill", body.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    let content = v["content"].as_str().unwrap();
+    assert!(content.starts_with("rn a + b"), "{v}");
+    let prompt = v["prompt"].as_str().unwrap();
+    // Nothing of ` retu` is left in the prompt (the rest of the request holds no `ret`).
+    assert!(!prompt.contains("ret"), "{v}");
+    body["num_speculative_tokens"] = json!(8);
+    let (_, w) = post(&base, "/infill", body.clone()).await;
+    assert_eq!(w["content"], v["content"], "speculation");
+    body["stream"] = json!(true);
+    let text = reqwest::Client::new()
+        .post(format!("{base}/infill"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let pieces: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|e| e["stop"] == false)
+        .map(|e| e["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(pieces, content, "streamed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,8 +423,14 @@ async fn a_client_that_hangs_up_stops_its_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_client_gets_the_middle_from_suffix() {
     let base = start_coder().await;
-    let (_, v) = post(&base, "/infill", infill(16)).await;
-    let middle = v["content"].as_str().unwrap();
+    let (_, v) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": format!("{PREFIX}{PROMPT}"), "suffix": SUFFIX, "max_tokens": 16,
+               "temperature": 0}),
+    )
+    .await;
+    let middle = v["choices"][0]["text"].as_str().unwrap();
     let script = format!(
         r#"
 import openai

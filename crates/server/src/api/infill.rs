@@ -27,7 +27,7 @@ use axum::extract::State;
 use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::fim::{indent_cut, Chunk as FileChunk, FimPrompt, FimTokens, Hole};
+use engine::fim::{indent_cut, split as fim_split, Chunk as FileChunk, FimPrompt, FimTokens, Hole};
 use engine::SamplingSettings;
 use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
@@ -125,14 +125,45 @@ fn markers(state: &AppState, fim: &FimTokens) -> Vec<String> {
         .collect()
 }
 
+/// The texts of a request's hole, owned (`Hole` borrows them on the tokenizing thread).
+struct HoleText {
+    prefix: String,
+    suffix: String,
+    middle: String,
+    extra: Vec<FileChunk>,
+}
+
+impl HoleText {
+    /// `before`, all the text before the cursor, split where the written middle starts
+    /// (`fim::split`: the cursor's line and the lines above it up to an anchor go after the
+    /// middle token, so that a keystroke leaves the suffix where the last prompt had it).
+    fn split(mut before: String, suffix: String, extra: Vec<FileChunk>) -> HoleText {
+        let middle = before.split_off(fim_split::written_middle_start(&before));
+        HoleText {
+            prefix: before,
+            suffix,
+            middle,
+            extra,
+        }
+    }
+
+    /// `before` as the prefix, all of it, with no written middle: llama-server's layout.
+    fn prefix_only(before: String, suffix: String) -> HoleText {
+        HoleText {
+            prefix: before,
+            suffix,
+            middle: String::new(),
+            extra: Vec::new(),
+        }
+    }
+}
+
 /// The fill-in-the-middle prompt, tokenized off the async workers, cut to fit the context less
 /// `output` tokens.
 async fn fim_prompt(
     state: &Arc<AppState>,
     fim: FimTokens,
-    before: String,
-    after: String,
-    extra: Vec<FileChunk>,
+    text: HoleText,
     output: usize,
     field: &str,
 ) -> Result<FimPrompt, ApiError> {
@@ -143,9 +174,10 @@ async fn fim_prompt(
         let tok = &lm.tokenizer;
         let bos = tok.bos.filter(|_| tok.add_bos);
         let hole = Hole {
-            prefix: &before,
-            suffix: &after,
-            extra: &extra,
+            prefix: &text.prefix,
+            suffix: &text.suffix,
+            middle: &text.middle,
+            extra: &text.extra,
         };
         fim.prompt(&hole, budget, bos, |t| tok.encode(t))
     })
@@ -166,8 +198,40 @@ pub(super) async fn with_suffix(
     let fim = fim_tokens(state, "suffix")?;
     settings.generation.stop.extend(markers(state, &fim));
     let output = settings.generation.max_tokens.unwrap_or(OUTPUT_ROOM);
-    let built = fim_prompt(state, fim, prompt, suffix, Vec::new(), output, names.prompt).await?;
+    // The whole prompt is the prefix here: a written middle needs its last token healed, and the
+    // healed text taken off the output (`Middle`), which the completions route does not do.
+    let text = HoleText::prefix_only(prompt, suffix);
+    let built = fim_prompt(state, fim, text, output, names.prompt).await?;
     validate::tokens(state, built.ids, settings, names)
+}
+
+/// Tokens token healing takes back at most.
+const HEALED_TOKENS: usize = 4;
+
+/// Token healing: takes back the prompt's last tokens (the written middle's), whose text the
+/// first generated token must then begin with, and returns that text. The cursor often sits
+/// inside what would be one token (`    return ` ends in a lone space, `    retu` in ` ret` and
+/// `u`); so tokenized, the written middle ends in a split the model never saw inside a middle,
+/// and its completions suffer (qwen-coder-0.5b completes `    return ` in `def add(a, b):` with
+/// `2 + 3`). It takes back as many of the last tokens (`HEALED_TOKENS` at most) as some single
+/// token could write again (` ret` and `u`: ` return` begins with ` retu`); at least the last,
+/// which its own token writes. None where the text is not whole UTF-8.
+fn heal(state: &AppState, ids: &mut Vec<u32>) -> Option<String> {
+    let tok = &state.lm.tokenizer;
+    let (mut healed, mut taken) = (Vec::new(), 0);
+    for &id in ids.iter().rev().take(HEALED_TOKENS) {
+        if tok.is_control(id) || tok.token_bytes(id).is_empty() {
+            break;
+        }
+        let text = [tok.token_bytes(id), &healed].concat();
+        if taken > 0 && !tok.some_token_starts_with(&text) {
+            break;
+        }
+        (healed, taken) = (text, taken + 1);
+    }
+    let text = String::from_utf8(healed).ok().filter(|t| !t.is_empty())?;
+    ids.truncate(ids.len() - taken);
+    Some(text)
 }
 
 /// `POST /infill`.
@@ -217,6 +281,8 @@ async fn answer(
             text: c.text,
         })
         .collect();
+    // `prompt` goes after the middle token, where llama-server's documentation puts it (its code
+    // appends it to the prefix), with the lines above it up to an anchor (`fim::split`).
     let before = prefix + fields.prompt.as_deref().unwrap_or("");
 
     let mut settings = request::settings(&llama_server_defaults(sampling), &shared, &speculation);
@@ -238,7 +304,14 @@ async fn answer(
         tools: "tools",
     };
     let output = settings.generation.max_tokens.unwrap_or(OUTPUT_ROOM);
-    let built = fim_prompt(state, fim, before, suffix, extra, output, names.prompt).await?;
+    let text = HoleText::split(before, suffix, extra);
+    let written = !text.middle.is_empty();
+    let mut built = fim_prompt(state, fim, text, output, names.prompt).await?;
+    let healed = if written {
+        heal(state, &mut built.ids)
+    } else {
+        None
+    };
     let generation_settings = json!({
         "n_predict": n_predict.unwrap_or(-1),
         "temperature": settings.generation.sampling.temperature,
@@ -252,6 +325,7 @@ async fn answer(
         "t_max_predict_ms": fields.t_max_predict_ms.unwrap_or(-1),
     });
     let mut valid = validate::tokens(state, built.ids.clone(), settings, names)?;
+    valid.config.first_token_prefix = healed.clone();
     valid.limits = Limits {
         predict_time: fields
             .t_max_predict_ms
@@ -266,6 +340,7 @@ async fn answer(
         prompt_tokens: built.ids.len(),
         truncated: built.truncated,
         markers,
+        healed: healed.unwrap_or_default(),
         min_indent: valid.limits.min_indent,
         fields: fields.response_fields.filter(|f| !f.is_empty()),
         generation_settings,
@@ -292,6 +367,8 @@ struct Meta {
     truncated: bool,
     /// The fill-in-the-middle tokens' texts among the stop strings.
     markers: Vec<String>,
+    /// The text of the prompt's last token, taken back (`heal`): the output begins with it.
+    healed: String,
     min_indent: usize,
     /// `response_fields`, when the request named some.
     fields: Option<Vec<String>>,
@@ -300,8 +377,11 @@ struct Meta {
     started: Instant,
 }
 
-/// The middle as it comes, ended where `n_indent` ends it.
+/// The middle as it comes, its start healed and its end where `n_indent` ends it.
 struct Middle {
+    /// What is still to be dropped from the start of the output, as far as the output repeats it
+    /// (`heal`).
+    heal: String,
     text: String,
     sent: usize,
     /// The text is final (`n_indent` ended it): what comes after is dropped.
@@ -311,8 +391,9 @@ struct Middle {
 }
 
 impl Middle {
-    fn new() -> Self {
+    fn new(heal: &str) -> Self {
         Middle {
+            heal: heal.to_string(),
             text: String::new(),
             sent: 0,
             cut: false,
@@ -327,7 +408,8 @@ impl Middle {
         match piece {
             Piece::Text { text, .. } if !text.is_empty() && !self.cut => {
                 self.first_text.get_or_insert(now);
-                self.text.push_str(&text);
+                let text = self.healed(&text);
+                self.text.push_str(text);
                 if let Some(at) = indent_cut(&self.text, min_indent) {
                     self.text.truncate(at.max(self.sent));
                     self.cut = true;
@@ -340,6 +422,24 @@ impl Middle {
         let out = self.text[self.sent..].to_string();
         self.sent = self.text.len();
         Ok(out)
+    }
+
+    /// `text` less what it repeats of the healed start; once the output has gone past it (or
+    /// written something else), nothing more is dropped.
+    fn healed<'t>(&mut self, text: &'t str) -> &'t str {
+        let same: usize = text
+            .chars()
+            .zip(self.heal.chars())
+            .take_while(|(a, b)| a == b)
+            .map(|(a, _)| a.len_utf8())
+            .sum();
+        let rest = &text[same..];
+        if rest.is_empty() {
+            self.heal.drain(..same);
+        } else {
+            self.heal.clear();
+        }
+        rest
     }
 
     /// The final answer: `content` (empty when it was streamed), the counts, the timings.
@@ -411,7 +511,7 @@ fn pick(paths: &[String], v: &Value) -> Value {
 
 /// The whole answer, once the middle has finished.
 async fn whole(meta: Meta, mut outputs: Outputs) -> Response {
-    let mut middle = Middle::new();
+    let mut middle = Middle::new(&meta.healed);
     while !outputs.done() {
         let Some(pieces) = outputs.next().await else {
             return ApiError::server("the engine dropped the request").into_response();
@@ -428,7 +528,8 @@ async fn whole(meta: Meta, mut outputs: Outputs) -> Response {
 /// The streamed answer: an event per piece of text (`stop: false`), then the final answer with
 /// `stop: true`. As llama-server's own routes, no `[DONE]`.
 fn streamed(meta: Meta, outputs: Outputs) -> Sse<impl stream::Stream<Item = Chunk>> {
-    let start = (meta, outputs, Middle::new(), false);
+    let healed = meta.healed.clone();
+    let start = (meta, outputs, Middle::new(&healed), false);
     let s = stream::unfold(start, |(meta, mut outputs, mut middle, over)| async move {
         if over {
             return None;
@@ -511,7 +612,7 @@ mod tests {
             text: t.into(),
             logprobs: Vec::new(),
         };
-        let mut m = Middle::new();
+        let mut m = Middle::new("");
         assert_eq!(
             m.read(text("return x\n    y"), 4).unwrap(),
             "return x\n    y"
@@ -519,5 +620,28 @@ mod tests {
         assert_eq!(m.read(text("\n  z = 1"), 4).unwrap(), "\n  ");
         assert_eq!(m.read(text("more"), 4).unwrap(), "");
         assert_eq!(m.text, "return x\n    y\n  ");
+    }
+
+    #[test]
+    fn the_healed_text_is_dropped_from_the_output_as_far_as_it_repeats_it() {
+        let text = |t: &str| Piece::Text {
+            index: 0,
+            text: t.into(),
+            logprobs: Vec::new(),
+        };
+        let mut m = Middle::new("  ");
+        assert_eq!(m.read(text(" "), 0).unwrap(), "");
+        assert_eq!(m.read(text(" a +"), 0).unwrap(), "a +");
+        // Past the healed start nothing more is dropped.
+        assert_eq!(m.read(text(" b"), 0).unwrap(), " b");
+        // An output that does not repeat it is kept whole.
+        let mut m = Middle::new(" ");
+        assert_eq!(m.read(text("\n    x"), 0).unwrap(), "\n    x");
+        assert_eq!(m.read(text(" y"), 0).unwrap(), " y");
+        let (prefix, suffix) = ("def f(a):\n".to_string(), "\n".to_string());
+        let h = HoleText::split(prefix.clone() + "    return ", suffix.clone(), Vec::new());
+        assert_eq!(h.prefix.clone() + &h.middle, prefix + "    return ");
+        assert!(h.middle.ends_with("    return "), "{}", h.middle);
+        assert_eq!(h.suffix, suffix);
     }
 }

@@ -5,8 +5,14 @@
 //!   (and the older `prefix`/`suffix`/`middle_token_id`) where the file has them, else from the
 //!   vocabulary by the texts of the families we know: Qwen2.5-Coder (and CodeGemma), StarCoder
 //!   (1 and 2, Granite), DeepSeek-Coder, CodeLlama, Codestral;
-//! - the prompt is `[PRE] prefix [SUF] suffix [MID]` (Codestral: `[SUFFIX] suffix [PREFIX]
-//!   prefix`), and the model writes the middle after it. Chunks of other files go in front, in the
+//! - the prompt is `[PRE] prefix [SUF] suffix [MID] middle` (Codestral: `[SUFFIX] suffix [PREFIX]
+//!   prefix middle`), where `middle` is the start of the middle written already (llama-server's
+//!   `prompt`: the cursor's line up to the cursor), and the model writes the rest of the middle.
+//!   With the typed part of the line last, a keystroke changes only the prompt's end, so a prefix
+//!   cache serves all before it (in the prefix it would change what comes before the suffix);
+//!   `split` chooses where it starts, a few lines above the cursor, so that a new line does not
+//!   change the prefix either.
+//!   Chunks of other files go in front, in the
 //!   repository layout where the model has its tokens (`<|repo_name|>name`, then per file
 //!   `<|file_sep|>path\n text`, and `<|file_sep|>` before the file being edited), as plain text
 //!   sections otherwise;
@@ -18,6 +24,8 @@
 //!
 //! `indent_cut` is the rule of llama-server's `n_indent` for completions in an editor: a line the
 //! model starts less indented than the cursor's ends the completion.
+
+pub mod split;
 
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -328,6 +336,7 @@ impl FimTokens {
     ) -> Result<FimPrompt> {
         let mut prefix = encode(hole.prefix)?;
         let mut suffix = encode(hole.suffix)?;
+        let middle = encode(hole.middle)?;
         let repo = self.has_repo_layout();
         let mut chunks = Vec::with_capacity(hole.extra.len());
         for c in hole.extra {
@@ -351,7 +360,8 @@ impl FimTokens {
         } else {
             (Vec::new(), Vec::new())
         };
-        let fixed = usize::from(bos.is_some()) + 2 + usize::from(self.middle.is_some());
+        let fixed =
+            usize::from(bos.is_some()) + 2 + usize::from(self.middle.is_some()) + middle.len();
         let mut truncated = false;
         let room = budget.saturating_sub(fixed);
         if prefix.len() + suffix.len() > room {
@@ -387,12 +397,14 @@ impl FimTokens {
                 ids.push(self.suffix);
                 ids.extend(&suffix);
                 ids.extend(self.middle);
+                ids.extend(&middle);
             }
             FimOrder::SuffixPrefix => {
                 ids.push(self.suffix);
                 ids.extend(&suffix);
                 ids.push(self.prefix);
                 ids.extend(&prefix);
+                ids.extend(&middle);
             }
         }
         Ok(FimPrompt { ids, truncated })
@@ -411,11 +423,12 @@ pub struct Chunk {
     pub text: String,
 }
 
-/// What a fill-in-the-middle request holds: the text before the hole (all of it up to the
-/// cursor), after it, and chunks of other files, oldest first.
+/// What a fill-in-the-middle request holds: the text before the hole, after it, the start of the
+/// middle written already (kept whole, never cut), and chunks of other files, oldest first.
 pub struct Hole<'a> {
     pub prefix: &'a str,
     pub suffix: &'a str,
+    pub middle: &'a str,
     pub extra: &'a [Chunk],
 }
 
@@ -582,6 +595,7 @@ mod tests {
         let hole = Hole {
             prefix: "def f(",
             suffix: ")\n",
+            middle: "",
             extra: &extra,
         };
         let p = qwen().prompt(&hole, 1000, None, bytes).unwrap();
@@ -609,6 +623,17 @@ mod tests {
         };
         let p = codestral.prompt(&alone, 1000, Some(9), bytes).unwrap();
         assert_eq!(text(&p.ids), "<9><2>)\n<1>def f(");
+        // The start of the middle written already goes last, after the middle token.
+        let typed = Hole {
+            prefix: "def f(",
+            suffix: ")\n",
+            middle: "  x",
+            extra: &[],
+        };
+        let p = qwen().prompt(&typed, 1000, None, bytes).unwrap();
+        assert_eq!(text(&p.ids), "<1>def f(<2>)\n<3>  x");
+        let p = codestral.prompt(&typed, 1000, None, bytes).unwrap();
+        assert_eq!(text(&p.ids), "<2>)\n<1>def f(  x");
     }
 
     #[test]
@@ -623,6 +648,7 @@ mod tests {
         let hole = Hole {
             prefix: &"p".repeat(40),
             suffix: &"s".repeat(40),
+            middle: "",
             extra: &extra,
         };
         let full = qwen().prompt(&hole, 10_000, None, bytes).unwrap();
@@ -652,6 +678,17 @@ mod tests {
             text(&p.ids),
             format!("<1>{}<2>{}<3>", "p".repeat(40), "s".repeat(40))
         );
+        // The middle's start is kept whole: the prefix and suffix give up its room.
+        let typed = Hole {
+            middle: "mmmmm",
+            ..hole
+        };
+        let p = qwen().prompt(&typed, 45, None, bytes).unwrap();
+        assert_eq!(
+            text(&p.ids),
+            format!("<1>{}<2>{}<3>mmmmm", "p".repeat(26), "s".repeat(11))
+        );
+        assert_eq!(p.ids.len(), 45);
     }
 
     #[test]
