@@ -106,6 +106,11 @@ fn bench_infill_reports_each_request_and_speculation_changes_no_completion() {
             assert_eq!(cached.unwrap() + prefilled.unwrap(), prompt, "{x}");
             assert!(x["predicted_tokens"].as_u64().unwrap() >= 1, "{x}");
         }
+        // Within the line only the typed words change, at the prompt's end: the prefix cache
+        // serves the rest (whole blocks of 16, so at most 15 cached positions recomputed).
+        for x in &r[1..] {
+            assert!(x["prefilled_tokens"].as_u64() < Some(40), "{x}");
+        }
         // The ring update put the chunks in the cache: every completion starts from them.
         assert!(
             r.iter().all(|x| x["cached_tokens"].as_u64() >= Some(128)),

@@ -6,9 +6,13 @@
 //! - the lines `[start, start + lines)` of the file are typed one after the other; the lines above
 //!   and the lines after the typed ones are there already;
 //! - a request goes at the start of each typed line and after each word (`stops`);
+//! - the cursor's line holds what has been typed of it and nothing after the cursor (the rest of
+//!   the line is not written yet), so `prompt` is the typed part and `input_suffix` starts with
+//!   an empty rest of the line; a line typed so far only in whitespace sends an empty `prompt`
+//!   and `n_indent` 0, as llama.vim does for a line full of whitespace;
 //! - `input_prefix`: the `n_prefix` lines above the cursor's line, each ending in a newline;
-//!   `prompt`: the cursor's line up to the cursor; `input_suffix`: the rest of the line, a
-//!   newline, the `n_suffix` lines below, a newline;
+//!   `input_suffix`: the rest of the line (empty), a newline, the `n_suffix` lines below, a
+//!   newline;
 //! - `input_extra`: the ring of chunks, the last `ring_chunks` chunks of `chunk_lines` lines of
 //!   the context files in order (llama.vim picks them around the places visited; taken in order
 //!   here so that runs are comparable), sent first alone with `n_predict: 0`, as llama.vim's ring
@@ -69,13 +73,18 @@ pub struct SessionArgs {
     /// Lines per chunk.
     #[arg(long, default_value_t = 64)]
     pub chunk_lines: usize,
-    /// `t_max_predict_ms` of each completion (0: off).
-    #[arg(long, default_value_t = 1000)]
+    /// `t_max_predict_ms` of each completion (0: off). 250 is what llama.vim sends with the
+    /// request a keystroke makes (its configured 1000 goes only with the follow-up request it
+    /// sends in the background once a completion is shown, which this session does not replay).
+    #[arg(long, default_value_t = 250)]
     pub t_max_predict_ms: u64,
     /// The temperature sent (llama.vim sends none and gets the server's default); 0 is greedy,
     /// which makes runs repeatable and lets the two servers' completions be compared.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Where in each line requests go.
+    #[arg(long, value_enum, default_value_t = Stops::Words)]
+    pub stops: Stops,
 }
 
 /// One completion request of the session.
@@ -85,6 +94,9 @@ pub struct Request {
     pub line: usize,
     /// Characters of it typed when the request is sent.
     pub col: usize,
+    /// What is left to type of the line: the held-out text a completion should write first (the
+    /// whole line when what was typed of it is sent as nothing).
+    pub rest: String,
     pub body: Value,
 }
 
@@ -129,13 +141,34 @@ pub fn split_lines(text: &str) -> Vec<&str> {
     out
 }
 
-/// Where requests are sent on a line, in characters: its start and after each word.
-pub fn stops(line: &str) -> Vec<usize> {
+/// Where in a line the session's requests go.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stops {
+    /// At the line's start and after each word (before the space that follows it).
+    Words,
+    /// At the line's start and halfway through each word of two characters or more: the cursor
+    /// inside a word, as a keystroke leaves it most of the time.
+    MidWords,
+}
+
+/// Where requests are sent on a line, in characters.
+pub fn stops(line: &str, how: Stops) -> Vec<usize> {
     let c: Vec<char> = line.chars().collect();
     let mut at = vec![0];
-    for i in 1..=c.len() {
-        if i == c.len() || (c[i] == ' ' && c[i - 1] != ' ') {
-            at.push(i);
+    let mut word_start = None;
+    for i in 0..=c.len() {
+        let in_word = i < c.len() && c[i] != ' ';
+        match (word_start, in_word) {
+            (None, true) => word_start = Some(i),
+            (Some(w), false) => {
+                word_start = None;
+                match how {
+                    Stops::Words => at.push(i),
+                    Stops::MidWords if i - w >= 2 => at.push(w + (i - w).div_ceil(2)),
+                    Stops::MidWords => {}
+                }
+            }
+            _ => {}
         }
     }
     at.dedup();
@@ -154,8 +187,9 @@ pub fn chunks(files: &[(String, String)], size: usize, ring: usize) -> Vec<Value
     out.split_off(out.len() - ring.min(out.len()))
 }
 
-/// The request llama.vim sends with the cursor after `col` characters of `line`, `above` the
-/// lines above it and `below` those below.
+/// The request llama.vim sends while `line` is typed up to `col` characters: the editor's line
+/// holds those characters and the cursor is at their end; `above` are the lines above it and
+/// `below` those below.
 pub fn request(
     a: &SessionArgs,
     above: &[&str],
@@ -164,27 +198,30 @@ pub fn request(
     below: &[&str],
     extra: &[Value],
 ) -> Value {
-    let before: String = line.chars().take(col).collect();
-    let after: String = line.chars().skip(col).collect();
-    let indent = if line.trim().is_empty() {
-        0
+    // llama.vim's `s:fim_ctx_local`: a line of whitespace only sends nothing of itself and
+    // indentation 0; otherwise the indentation is the line's leading whitespace.
+    let typed: String = line.chars().take(col).collect();
+    let (typed, indent) = if typed.trim().is_empty() {
+        (String::new(), 0)
     } else {
-        line.chars().take_while(|c| *c == ' ' || *c == '\t').count()
+        let indent = typed
+            .chars()
+            .take_while(|c| *c == ' ' || *c == '\t')
+            .count();
+        (typed, indent)
     };
     let prefix: String = above[above.len() - a.n_prefix.min(above.len())..]
         .iter()
         .map(|l| format!("{l}\n"))
         .collect();
-    let suffix = format!(
-        "{after}\n{}\n",
-        below[..a.n_suffix.min(below.len())].join("\n")
-    );
+    // The rest of the cursor's line is not typed yet: the suffix starts with an empty one.
+    let suffix = format!("\n{}\n", below[..a.n_suffix.min(below.len())].join("\n"));
     json!({
         "id_slot": 0,
         "input_prefix": prefix,
         "input_suffix": suffix,
         "input_extra": extra,
-        "prompt": before,
+        "prompt": typed,
         "n_predict": a.n_predict,
         "stop": [],
         "n_indent": indent,
@@ -243,12 +280,19 @@ impl Session {
         let below = &lines[a.start + a.lines..];
         let mut requests = Vec::new();
         for k in a.start..a.start + a.lines {
-            for col in stops(lines[k]) {
+            for col in stops(lines[k], a.stops) {
                 let mut body = request(a, &lines[..k], lines[k], col, below, &extra);
                 if let Some(m) = model {
                     body["model"] = json!(m);
                 }
-                requests.push(Request { line: k, col, body });
+                let sent = body["prompt"].as_str().unwrap_or_default().chars().count();
+                let rest = lines[k].chars().skip(sent).collect();
+                requests.push(Request {
+                    line: k,
+                    col,
+                    rest,
+                    body,
+                });
             }
         }
         Ok(Session { requests, extra })
@@ -272,6 +316,7 @@ mod tests {
             chunk_lines: 2,
             t_max_predict_ms: 0,
             temperature: 0.0,
+            stops: Stops::Words,
         }
     }
 
@@ -285,10 +330,15 @@ mod tests {
 
     #[test]
     fn requests_go_at_the_start_and_after_each_word() {
-        assert_eq!(stops("    return a  + b"), [0, 10, 12, 15, 17]);
-        assert_eq!(stops(""), [0]);
-        assert_eq!(stops("x"), [0, 1]);
-        assert_eq!(stops("é é"), [0, 1, 3]);
+        let words = |l| stops(l, Stops::Words);
+        assert_eq!(words("    return a  + b"), [0, 10, 12, 15, 17]);
+        assert_eq!(words(""), [0]);
+        assert_eq!(words("x"), [0, 1]);
+        assert_eq!(words("é é"), [0, 1, 3]);
+        // Halfway through "return" (6 characters) and "ab" (2); "+" is too short.
+        let mid = |l| stops(l, Stops::MidWords);
+        assert_eq!(mid("    return ab  + b"), [0, 7, 12]);
+        assert_eq!(mid("abc"), [0, 2]);
     }
 
     #[test]
@@ -312,8 +362,15 @@ mod tests {
         let b = request(&a, &["x", "y", "z"], "  ab cd", 4, &["u", "v"], &[]);
         assert_eq!(b["input_prefix"], "y\nz\n");
         assert_eq!(b["prompt"], "  ab");
-        assert_eq!(b["input_suffix"], " cd\nu\n");
+        // " cd" is not typed yet: it is in no part of the request.
+        assert_eq!(b["input_suffix"], "\nu\n");
         assert_eq!(b["n_indent"], 2);
+        // At the start of the line nothing of it is typed, so no indentation either.
+        let b = request(&a, &["x"], "  ab cd", 0, &["u"], &[]);
+        assert_eq!(
+            (b["prompt"].as_str(), b["n_indent"].as_u64()),
+            (Some(""), Some(0))
+        );
         assert_eq!(b["n_predict"], 16);
         assert_eq!(b["response_fields"].as_array().unwrap().len(), 11);
         // No lines asked for (llama.vim's getline over an empty range), none there, a blank line.
@@ -357,6 +414,8 @@ mod tests {
             [0, 1, 3, 5]
         );
         assert_eq!(s.requests[2].body["prompt"], "b =");
+        assert_eq!(s.requests[2].rest, " 2");
+        assert_eq!(s.requests[0].rest, "b = 2");
         assert_eq!(s.requests[2].body["input_prefix"], "a = 1\n");
         assert_eq!(s.requests[2].body["model"], "m");
         let missing = SessionArgs {

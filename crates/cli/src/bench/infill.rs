@@ -151,8 +151,18 @@ struct Sample {
     /// request decoded.
     tokens_per_pass: Option<f64>,
     content: String,
+    /// Whether the completion's first line is what is left to type of the held-out line (what
+    /// the user would accept); `None` at a line's end, where nothing is left.
+    completes_line: Option<bool>,
     #[serde(skip)]
     counters: Option<Counters>,
+}
+
+/// Whether `content` writes `rest` as its first line (trailing whitespace aside); `None` when
+/// nothing is left to write.
+fn completes_line(content: &str, rest: &str) -> Option<bool> {
+    let rest = rest.trim_end();
+    (!rest.is_empty()).then(|| content.split('\n').next().unwrap_or("").trim_end() == rest)
 }
 
 /// A fresh connection per request (llama-server may close one after answering).
@@ -202,7 +212,9 @@ async fn measure(
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let (prefilled, predicted) = (n("timings/prompt_n"), n("timings/predicted_n"));
     let prompt = n("tokens_cached").saturating_sub(predicted);
+    let content = v["content"].as_str().unwrap_or_default().to_string();
     Ok(Sample {
+        completes_line: completes_line(&content, &r.rest),
         line: r.line,
         col: r.col,
         seconds,
@@ -212,7 +224,7 @@ async fn measure(
         predicted_tokens: predicted,
         truncated: v["truncated"].as_bool().unwrap_or(false),
         tokens_per_pass: counters.as_ref().and_then(Counters::tokens_per_pass),
-        content: v["content"].as_str().unwrap_or_default().to_string(),
+        content,
         counters,
     })
 }
@@ -279,6 +291,10 @@ struct Summary {
     prefilled_tokens: u64,
     cached_tokens: u64,
     predicted_tokens: u64,
+    /// Requests with something left to type on their line, and those whose completion's first
+    /// line was exactly that.
+    lines_open: usize,
+    lines_completed: usize,
     tokens_per_pass: Option<f64>,
     drafted_by_source: BTreeMap<String, u64>,
     accepted_by_source: BTreeMap<String, u64>,
@@ -320,6 +336,14 @@ fn summary(samples: &[Sample]) -> Summary {
         prefilled_tokens: sum(|x| x.prefilled_tokens),
         cached_tokens: sum(|x| x.cached_tokens),
         predicted_tokens: sum(|x| x.predicted_tokens),
+        lines_open: samples
+            .iter()
+            .filter(|x| x.completes_line.is_some())
+            .count(),
+        lines_completed: samples
+            .iter()
+            .filter(|x| x.completes_line == Some(true))
+            .count(),
         tokens_per_pass: c.as_ref().and_then(Counters::tokens_per_pass),
         drafted_by_source: c
             .as_ref()
@@ -437,7 +461,7 @@ fn report(a: &InfillArgs, setting: &Setting, modes: &[(&str, Vec<Sample>)]) -> a
                 "context": context, "chunks": setting.chunks, "n_prefix": s.n_prefix, "n_suffix": s.n_suffix,
                 "n_predict": s.n_predict, "ring_chunks": s.ring_chunks,
                 "chunk_lines": s.chunk_lines, "t_max_predict_ms": s.t_max_predict_ms,
-                "temperature": s.temperature,
+                "temperature": s.temperature, "stops": format!("{:?}", s.stops),
             },
             "modes": sums.iter().zip(modes).map(|((m, t), (_, x))| json!({"mode": m, "summary": t, "requests": x})).collect::<Vec<_>>(),
             "speedup": speedup,
@@ -532,9 +556,9 @@ fn print_report(
             format!(" (accepted/drafted by source: {})", by_source.join(", "))
         };
         println!(
-            "{m}: {} requests, median {:.3} s, p95 {:.3} s, total {:.2} s; prompt {} tokens ({} cached, {} prefilled), {} predicted, {tpp}{drafts}",
+            "{m}: {} requests, median {:.3} s, p95 {:.3} s, total {:.2} s; prompt {} tokens ({} cached, {} prefilled), {} predicted, {tpp}{drafts}; the held-out line written in {} of {}",
             t.requests, t.median_s, t.p95_s, t.total_s, t.prompt_tokens, t.cached_tokens,
-            t.prefilled_tokens, t.predicted_tokens
+            t.prefilled_tokens, t.predicted_tokens, t.lines_completed, t.lines_open
         );
     }
     if let [(_, p), (_, q)] = sums {
@@ -586,6 +610,15 @@ mod tests {
         let s: Vec<Sample> = (1..=21).map(|x| sample(x as f64, "")).collect();
         // round(19.0) = 19: the 20th value.
         assert_eq!(median_p95(&s), (11.0, 20.0));
+    }
+
+    #[test]
+    fn a_completion_that_writes_the_rest_of_the_line_completes_it() {
+        assert_eq!(completes_line("b)\n    c", "b)"), Some(true));
+        assert_eq!(completes_line("b)  ", "b)"), Some(true));
+        assert_eq!(completes_line("b", "b)"), Some(false));
+        assert_eq!(completes_line("b) + 1", "b)"), Some(false));
+        assert_eq!(completes_line("x", "  "), None);
     }
 
     #[test]
