@@ -137,8 +137,10 @@ impl HoleText {
     /// `before`, all the text before the cursor, split where the written middle starts
     /// (`fim::split`: the cursor's line and the lines above it up to an anchor go after the
     /// middle token, so that a keystroke leaves the suffix where the last prompt had it).
+    /// A long prefix starts at a start anchor (`fim::split::prefix_start`).
     fn split(mut before: String, suffix: String, extra: Vec<FileChunk>) -> HoleText {
         let middle = before.split_off(fim_split::written_middle_start(&before));
+        before.drain(..fim_split::prefix_start(&before));
         HoleText {
             prefix: before,
             suffix,
