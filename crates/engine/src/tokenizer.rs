@@ -254,9 +254,31 @@ impl Tokenizer {
     }
 
     /// Whether some text token's bytes begin with `prefix`.
-    pub fn some_token_starts_with(&self, prefix: &[u8]) -> bool {
+    fn some_token_starts_with(&self, prefix: &[u8]) -> bool {
         (0..self.token_bytes.len() as u32)
             .any(|id| !self.is_control(id) && self.token_bytes(id).starts_with(prefix))
+    }
+
+    /// Token healing: takes back the last tokens of `ids`, as many (`most` at most, the last
+    /// always) as a single text token could write again, and returns their text, which the next
+    /// token must begin with (`tokens_starting_with`): ` ret` and `u` together, since ` return`
+    /// begins with ` retu`. None, and `ids` untouched, where the last token is a control token or
+    /// the text is not whole UTF-8.
+    pub fn heal_end(&self, ids: &mut Vec<u32>, most: usize) -> Option<String> {
+        let (mut healed, mut taken) = (Vec::new(), 0);
+        for &id in ids.iter().rev().take(most) {
+            if self.is_control(id) || self.token_bytes(id).is_empty() {
+                break;
+            }
+            let text = [self.token_bytes(id), &healed].concat();
+            if taken > 0 && !self.some_token_starts_with(&text) {
+                break;
+            }
+            (healed, taken) = (text, taken + 1);
+        }
+        let text = String::from_utf8(healed).ok().filter(|t| !t.is_empty())?;
+        ids.truncate(ids.len() - taken);
+        Some(text)
     }
 
     pub fn is_control(&self, id: u32) -> bool {

@@ -161,14 +161,15 @@ impl HoleText {
 }
 
 /// The fill-in-the-middle prompt, tokenized off the async workers, cut to fit the context less
-/// `output` tokens.
+/// `output` tokens; with a written middle, its end healed (`heal`): the prompt less the tokens
+/// taken back, and their text.
 async fn fim_prompt(
     state: &Arc<AppState>,
     fim: FimTokens,
     text: HoleText,
     output: usize,
     field: &str,
-) -> Result<FimPrompt, ApiError> {
+) -> Result<(FimPrompt, Option<String>), ApiError> {
     let ctx = state.config.max_model_len;
     let budget = ctx.saturating_sub(output.min(ctx / 2)).max(1);
     let lm = state.lm.clone();
@@ -181,7 +182,13 @@ async fn fim_prompt(
             middle: &text.middle,
             extra: &text.extra,
         };
-        fim.prompt(&hole, budget, bos, |t| tok.encode(t))
+        let mut built = fim.prompt(&hole, budget, bos, |t| tok.encode(t))?;
+        let healed = if text.middle.is_empty() {
+            None
+        } else {
+            tok.heal_end(&mut built.ids, HEALED_TOKENS)
+        };
+        Ok::<_, engine::EngineError>((built, healed))
     })
     .await
     .map_err(|e| ApiError::server(format!("tokenizing failed: {e}")))?
@@ -203,38 +210,18 @@ pub(super) async fn with_suffix(
     // The whole prompt is the prefix here: a written middle needs its last token healed, and the
     // healed text taken off the output (`Middle`), which the completions route does not do.
     let text = HoleText::prefix_only(prompt, suffix);
-    let built = fim_prompt(state, fim, text, output, names.prompt).await?;
+    let (built, _) = fim_prompt(state, fim, text, output, names.prompt).await?;
     validate::tokens(state, built.ids, settings, names)
 }
 
-/// Tokens token healing takes back at most.
+/// Tokens token healing takes back at most (`Tokenizer::heal_end`). The written middle's end is
+/// healed because the cursor often sits inside what would be one token (`    return ` ends in a
+/// lone space, `    retu` in ` ret` and `u`): so tokenized, the written middle ends in a split
+/// the model never saw inside a middle, and its completions suffer (qwen-coder-0.5b completes
+/// `    return ` in `def add(a, b):` with `2 + 3`). The tokens taken back are written again by the
+/// first generated token, which must begin with their text
+/// (`GenerationConfig::first_token_prefix`); `Middle` leaves it out of the answer.
 const HEALED_TOKENS: usize = 4;
-
-/// Token healing: takes back the prompt's last tokens (the written middle's), whose text the
-/// first generated token must then begin with, and returns that text. The cursor often sits
-/// inside what would be one token (`    return ` ends in a lone space, `    retu` in ` ret` and
-/// `u`); so tokenized, the written middle ends in a split the model never saw inside a middle,
-/// and its completions suffer (qwen-coder-0.5b completes `    return ` in `def add(a, b):` with
-/// `2 + 3`). It takes back as many of the last tokens (`HEALED_TOKENS` at most) as some single
-/// token could write again (` ret` and `u`: ` return` begins with ` retu`); at least the last,
-/// which its own token writes. None where the text is not whole UTF-8.
-fn heal(state: &AppState, ids: &mut Vec<u32>) -> Option<String> {
-    let tok = &state.lm.tokenizer;
-    let (mut healed, mut taken) = (Vec::new(), 0);
-    for &id in ids.iter().rev().take(HEALED_TOKENS) {
-        if tok.is_control(id) || tok.token_bytes(id).is_empty() {
-            break;
-        }
-        let text = [tok.token_bytes(id), &healed].concat();
-        if taken > 0 && !tok.some_token_starts_with(&text) {
-            break;
-        }
-        (healed, taken) = (text, taken + 1);
-    }
-    let text = String::from_utf8(healed).ok().filter(|t| !t.is_empty())?;
-    ids.truncate(ids.len() - taken);
-    Some(text)
-}
 
 /// `POST /infill`.
 pub(super) async fn infill(
@@ -307,13 +294,7 @@ async fn answer(
     };
     let output = settings.generation.max_tokens.unwrap_or(OUTPUT_ROOM);
     let text = HoleText::split(before, suffix, extra);
-    let written = !text.middle.is_empty();
-    let mut built = fim_prompt(state, fim, text, output, names.prompt).await?;
-    let healed = if written {
-        heal(state, &mut built.ids)
-    } else {
-        None
-    };
+    let (built, healed) = fim_prompt(state, fim, text, output, names.prompt).await?;
     let generation_settings = json!({
         "n_predict": n_predict.unwrap_or(-1),
         "temperature": settings.generation.sampling.temperature,
@@ -369,7 +350,8 @@ struct Meta {
     truncated: bool,
     /// The fill-in-the-middle tokens' texts among the stop strings.
     markers: Vec<String>,
-    /// The text of the prompt's last token, taken back (`heal`): the output begins with it.
+    /// The text of the prompt's last tokens, taken back (`fim_prompt`): the output begins with
+    /// it.
     healed: String,
     min_indent: usize,
     /// `response_fields`, when the request named some.
@@ -382,7 +364,7 @@ struct Meta {
 /// The middle as it comes, its start healed and its end where `n_indent` ends it.
 struct Middle {
     /// What is still to be dropped from the start of the output, as far as the output repeats it
-    /// (`heal`).
+    /// (`Meta::healed`).
     heal: String,
     text: String,
     sent: usize,
