@@ -358,6 +358,26 @@ impl Drafter {
     }
 
     fn propose_chain(&mut self, k: usize, price: f64) {
+        if let Some(n) = self.find_chain(k).filter(|_| self.config.adaptive) {
+            // An evidence-sized chain knows each token's estimate; other chains use the
+            // acceptance measured for matches of this size.
+            let keep = if !self.estimates.is_empty() {
+                debug_assert_eq!(self.estimates.len(), self.chain.len());
+                let paths = self.estimates.iter().map(|e| f64::from(e.path));
+                self.length.choose_from_paths(price, n, paths)
+            } else {
+                self.length.choose_at_price(price, n, self.chain.len())
+            };
+            self.chain.truncate(keep);
+            self.estimates.truncate(keep);
+        }
+        self.tree.set_chain(&self.chain, Source::Ngram);
+    }
+
+    /// The longest chain of at most `k` tokens the index proposes (in `chain`, with its
+    /// estimates where evidence sized it), remembered as the step's; the size of the match
+    /// behind it, or `None` (and no chain).
+    fn find_chain(&mut self, k: usize) -> Option<usize> {
         self.estimates.clear();
         let found = if self.config.match_policy.is_scored() {
             let cursor = Some(self.cursor());
@@ -384,24 +404,62 @@ impl Drafter {
         if let Some((_, Some(from))) = found {
             self.source = Some((self.index.len(), from));
         }
-        let found = found.map(|(n, _)| n);
-        if let Some(n) = found {
-            self.draft_match = n;
-            if self.config.adaptive {
-                // An evidence-sized chain knows each token's estimate; other chains use the
-                // acceptance measured for matches of this size.
-                let keep = if !self.estimates.is_empty() {
-                    debug_assert_eq!(self.estimates.len(), self.chain.len());
-                    let paths = self.estimates.iter().map(|e| f64::from(e.path));
-                    self.length.choose_from_paths(price, n, paths)
-                } else {
-                    self.length.choose_at_price(price, n, self.chain.len())
-                };
-                self.chain.truncate(keep);
-                self.estimates.truncate(keep);
+        match found {
+            Some((n, _)) => {
+                self.draft_match = n;
+                Some(n)
+            }
+            None => {
+                self.chain.clear();
+                self.estimates.clear();
+                None
             }
         }
+    }
+
+    /// For a scheduler that chooses the drafts of a whole batch together
+    /// ([`PassCost::choose_drafts`](crate::pass_cost::PassCost::choose_drafts)): the longest
+    /// chain the next pass could verify (at most `limit` tokens), kept as the step's proposal,
+    /// and for each of its tokens the estimated probability that it and every token before it
+    /// are accepted. Then [`keep_planned`](Self::keep_planned) cuts it to the chosen length.
+    /// `None` where the drafts are not chosen this way: a tree, or lengths that do not adapt.
+    pub fn candidates(&mut self, limit: usize) -> Option<Vec<f64>> {
+        if self.config.method != SpecMethod::Ngram || !self.config.adaptive {
+            return None;
+        }
+        self.tree.clear();
+        self.classes.clear();
+        self.draft_match = 0;
+        let k = self.config.num_speculative_tokens.min(limit);
+        let paths = match (k > 0).then(|| self.find_chain(k)).flatten() {
+            None => {
+                self.chain.clear();
+                Vec::new()
+            }
+            Some(_) if !self.estimates.is_empty() => {
+                self.estimates.iter().map(|e| f64::from(e.path)).collect()
+            }
+            Some(n) => {
+                let a = self.length.acceptance(n).min(0.999);
+                (1..=self.chain.len() as i32).map(|i| a.powi(i)).collect()
+            }
+        };
         self.tree.set_chain(&self.chain, Source::Ngram);
+        Some(paths)
+    }
+
+    /// The chain of [`candidates`](Self::candidates) cut to its first `len` tokens, or to a
+    /// one-token probe where `len` is 0 and the chain controller's probe is due (as
+    /// [`propose`](Self::propose) would send one): the step's proposal.
+    pub fn keep_planned(&mut self, len: usize) -> &DraftTree {
+        let available = self.chain.len();
+        let keep = self
+            .length
+            .or_probe(len.min(available), self.draft_match, available);
+        self.chain.truncate(keep);
+        self.estimates.truncate(keep);
+        self.tree.set_chain(&self.chain, Source::Ngram);
+        &self.tree
     }
 
     fn push_candidate(&mut self, c: Candidate) {

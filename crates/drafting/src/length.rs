@@ -171,7 +171,7 @@ impl DraftLength {
 
     /// `best`, or a one-token probe when `best` is no draft, a probe is due and the match is at
     /// least two tokens long (see [`Probes`]).
-    fn or_probe(&self, best: usize, n: usize, available: usize) -> usize {
+    pub(crate) fn or_probe(&self, best: usize, n: usize, available: usize) -> usize {
         match best {
             0 if self.probes.due() && n >= 2 => available.min(1),
             k => k,

@@ -160,6 +160,64 @@ impl PassCost {
         }
     }
 
+    /// The drafts of a whole batch chosen together: for each decoding sequence (`drafts`: the
+    /// estimated probability that each token of its candidate chain and every token before it
+    /// are accepted, and its cached positions), how many of its candidate tokens to send, so
+    /// that the pass buys the most expected tokens per second. `base_rows` is the pass's rows
+    /// without drafts (each sequence's last token, and prompt chunks riding along).
+    ///
+    /// The candidate tokens are taken best first (probability over what a row of that sequence
+    /// costs at its context, which keeps each chain's tokens in order), and the pass is priced at
+    /// each count of rows from this table: it is not linear in rows (vector kernels, then tiles
+    /// once a pass is wide enough), so a price per row fixed beforehand can send too few drafts
+    /// where more rows cost little more, or too many. The best count is kept only if it gains at
+    /// least `MIN_GAIN` tokens per one-row pass's time over no drafts at all (a lone sequence
+    /// then drafts as [`DraftLength`](crate::DraftLength) does at the same price).
+    pub fn choose_drafts(&self, drafts: &[(&[f64], usize)], base_rows: usize) -> Vec<usize> {
+        let mut ks = vec![0; drafts.len()];
+        let total: usize = drafts.iter().map(|(p, _)| p.len()).sum();
+        if total == 0 || drafts.is_empty() {
+            return ks;
+        }
+        let c = self.context;
+        let base_rows = base_rows.max(drafts.len());
+        let base = self.seconds(base_rows)
+            + drafts
+                .iter()
+                .map(|&(_, ctx)| c.seconds(1, ctx))
+                .sum::<f64>();
+        // A drafted row's cost: the table's average slope over the candidates, plus attention
+        // over its own context.
+        let slope = (self.seconds(base_rows + total) - self.seconds(base_rows)) / total as f64;
+        let mut order: Vec<(f64, usize, usize)> = (drafts.iter().enumerate())
+            .flat_map(|(i, &(paths, ctx))| {
+                let row = slope + c.per_row * ctx as f64;
+                paths.iter().enumerate().map(move |(j, &p)| (p / row, i, j))
+            })
+            .collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let plain = drafts.len() as f64 / base;
+        let (mut tokens, mut extra) = (drafts.len() as f64, 0.0);
+        let mut best = (plain, 0);
+        for (r, &(_, i, j)) in order.iter().enumerate() {
+            let (paths, ctx) = drafts[i];
+            tokens += paths[j];
+            extra += c.per_row * ctx as f64;
+            let rate =
+                tokens / (self.seconds(base_rows + r + 1) + base + extra - self.seconds(base_rows));
+            if rate > best.0 {
+                best = (rate, r + 1);
+            }
+        }
+        if (best.0 - plain) * self.seconds(1) < crate::length::MIN_GAIN {
+            return ks;
+        }
+        for &(_, i, _) in &order[..best.1] {
+            ks[i] += 1;
+        }
+        ks
+    }
+
     /// Folds in a measured pass at no context.
     pub fn observe(&mut self, rows: usize, seconds: f64) {
         if (1..=MAX_ROWS).contains(&rows) && seconds.is_finite() && seconds > 0.0 {
@@ -235,6 +293,65 @@ mod tests {
         // Two rows: 16 s, of which the first sequence's context accounts for 2 s.
         assert!((c.seconds(2) - 14.0).abs() < 0.01, "{}", c.seconds(2));
         assert_eq!(ContextCost::from_slopes(2.0, 4, 1.0).per_row, 0.0);
+    }
+
+    #[test]
+    fn a_lone_sequence_drafts_as_its_own_controller_would() {
+        // A row costs a tenth of a pass: the controller's prior price.
+        let c = PassCost::linear(0.1);
+        let good = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
+        let k = c.choose_drafts(&[(&good, 0)], 1)[0];
+        let lone = crate::DraftLength::new(0.1);
+        assert_eq!(k, lone.choose_from_paths(0.1, 4, good.iter().copied()));
+        assert!(k >= 4, "{k}");
+        assert_eq!(c.choose_drafts(&[(&[0.05, 0.01], 0)], 1), vec![0]);
+        assert_eq!(c.choose_drafts(&[(&[], 0)], 1), vec![0]);
+    }
+
+    #[test]
+    fn a_batch_sends_its_best_tokens_where_wide_passes_are_cheap() {
+        // Eight rows cost 1.5 one-row passes, sixteen 2.7, thirty-two 4 (vector kernels up to
+        // 16, tiles from 32): qwen-coder-1.5b's shape on 2 cores.
+        let c = PassCost::from_points(&[(1, 1.0), (8, 1.5), (16, 2.7), (32, 4.0), (64, 5.7)]);
+        let sure = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65];
+        let none: [f64; 0] = [];
+        // Four sequences copying well, four with nothing to copy.
+        let mut batch: Vec<(&[f64], usize)> = vec![(&sure, 0); 4];
+        batch.extend([(&none[..], 0); 4]);
+        let ks = c.choose_drafts(&batch, 8);
+        let rows: usize = ks.iter().sum();
+        assert!(rows >= 16, "{ks:?}");
+        assert!(ks[4..].iter().all(|&k| k == 0));
+        // Each chain is sent from its start: its best tokens first.
+        let rate = |ks: &[usize]| {
+            let tokens: f64 = 8.0
+                + ks[..4]
+                    .iter()
+                    .map(|&k| sure[..k].iter().sum::<f64>())
+                    .sum::<f64>();
+            tokens / c.seconds(8 + ks.iter().sum::<usize>())
+        };
+        assert!(rate(&ks) > rate(&[0; 8]) && rate(&ks) >= rate(&[1, 1, 1, 1, 0, 0, 0, 0]));
+        // The per-row price of this batch (from 8 rows to 16) sends a draft only where a token
+        // lands 88 times in 100 or more.
+        let price = c.price(8);
+        assert!(price > 0.6, "{price}");
+        // Weak chains everywhere: nothing pays.
+        let weak = [0.3, 0.1];
+        assert_eq!(c.choose_drafts(&[(&weak[..], 0); 8], 8), vec![0; 8]);
+    }
+
+    #[test]
+    fn long_contexts_make_their_rows_dearer() {
+        let context = ContextCost {
+            shared: 0.0,
+            per_row: 1e-4,
+        };
+        let c = PassCost::linear(0.2).with_context(context);
+        let p = [0.7, 0.6];
+        let ks = c.choose_drafts(&[(&p, 100), (&p, 20_000)], 2);
+        assert!(ks[0] >= ks[1], "{ks:?}");
+        assert_eq!(ks[1], 0, "{ks:?}");
     }
 
     #[test]

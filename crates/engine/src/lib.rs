@@ -46,7 +46,7 @@ pub use prefix_cache::PrefixCache;
 pub use sampling::SamplingParams;
 pub use sequence::Sequence;
 pub use stats::{BySource, SpecStats};
-pub use step::step;
+pub use step::{step, step_priced};
 pub use tokenizer::Tokenizer;
 
 use std::path::{Path, PathBuf};

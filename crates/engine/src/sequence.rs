@@ -13,12 +13,12 @@ use crate::model::Model;
 use crate::prefix_cache::PrefixCache;
 use crate::stats::SpecStats;
 use crate::tokenizer::{TextStream, Tokenizer};
-use crate::verify::constrained::{cut_draft, first_token, verify_constrained};
+use crate::verify::constrained::{first_token, verify_constrained};
 use crate::verify::{verify, verify_tree};
 use drafting::{path_rows, DraftTree, Drafter, SpecConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where a sequence is.
 pub(crate) enum Phase {
@@ -54,6 +54,8 @@ pub struct Sequence {
     pub(crate) draft_limit: usize,
     /// Price of a drafted row set by a scheduler, overriding the sequence's own estimate.
     pub(crate) draft_price: Option<f64>,
+    /// This step's draft length where the batch's drafts were chosen together (`plan_drafts`).
+    pub(crate) planned: Option<usize>,
     pub(crate) config: GenerationConfig,
     pub(crate) rng: ChaCha8Rng,
     pub(crate) phase: Phase,
@@ -188,6 +190,7 @@ impl Sequence {
             drafter,
             draft_limit: usize::MAX,
             draft_price: None,
+            planned: None,
             config,
             rng,
             phase: Phase::Prefill(0),
@@ -567,39 +570,6 @@ impl Sequence {
         }
     }
 
-    /// The draft to verify after the last token: what the drafter proposes within the room left
-    /// and the scheduler's limit, cut under a grammar.
-    fn draft(&mut self, tok: &Tokenizer) -> DraftTree {
-        let generated = self.tokens.len() - self.prompt_len;
-        // Room left: the pass writes 1 + nodes positions, and at most max_new_tokens tokens may
-        // still be emitted (the model's own token is one of them).
-        let end = match self.budgeted {
-            true => self.cache.capacity(),
-            false => self.reach,
-        };
-        let room = end - self.cache.len() - 1;
-        let left = self.config.max_new_tokens - generated - 1;
-        let limit = self.draft_limit.min(room).min(left);
-        let price = self.draft_price;
-        let mut tree = match self.drafter.as_mut().filter(|_| limit > 0) {
-            Some(d) => {
-                let t0 = Instant::now();
-                let tree = d.propose(limit, price).clone();
-                self.stats.propose_time += t0.elapsed();
-                tree
-            }
-            None => DraftTree::new(),
-        };
-        if let Some(c) = self.constraint.as_mut() {
-            let keep = cut_draft(c, &mut tree, tok);
-            if let Some(d) = self.drafter.as_mut() {
-                d.keep_first(keep);
-            }
-        }
-        self.make_room(self.cache.len() + 1 + tree.len());
-        tree
-    }
-
     /// Grows the cache to hold `needed` positions (at most `reach`, which every pass stays
     /// within), to twice its size or more: a new cache with this one's positions copied in,
     /// bit for bit, so that nothing computed depends on when the cache grew.
@@ -710,6 +680,9 @@ impl Sequence {
     }
 }
 
+mod draft;
 mod resume;
+
+pub(crate) use draft::plan_drafts;
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,9 @@
 
 use crate::error::Result;
 use crate::model::{BatchItem, Model};
-use crate::sequence::{Pass, PassInput, Phase, Sequence};
+use crate::sequence::{plan_drafts, Pass, PassInput, Phase, Sequence};
 use crate::tokenizer::Tokenizer;
+use drafting::pass_cost::PassCost;
 use std::time::Instant;
 
 pub use crate::sequence::PREFILL_CHUNK;
@@ -48,10 +49,25 @@ fn prompt_feeders(seqs: &[&mut Sequence]) -> Vec<bool> {
 
 /// Advances every decoding sequence by one forward pass (its last token plus its draft, a chain
 /// or a tree), and the sequences still feeding a prompt by a chunk each within
-/// `PROMPT_ROWS_PER_PASS`.
+/// `PROMPT_ROWS_PER_PASS`. Each sequence drafts on its own (at the price its scheduler set).
 pub fn step(model: &Model, tok: &Tokenizer, seqs: &mut [&mut Sequence]) -> Result<()> {
+    step_priced(model, tok, seqs, None)
+}
+
+/// `step`, with the drafts of the sequences a scheduler prices (`Sequence::set_draft_price`)
+/// chosen together by what the pass's generated rows cost (`cost`: `PassCost::choose_drafts`)
+/// where it is given.
+pub fn step_priced(
+    model: &Model,
+    tok: &Tokenizer,
+    seqs: &mut [&mut Sequence],
+    cost: Option<&PassCost>,
+) -> Result<()> {
     let started = Instant::now();
     let feeds = prompt_feeders(seqs);
+    if let Some(cost) = cost {
+        plan_drafts(seqs, cost);
+    }
     let inputs: Vec<PassInput> = seqs
         .iter_mut()
         .enumerate()

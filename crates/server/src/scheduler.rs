@@ -10,10 +10,11 @@
 //! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
 //! drafted rows stop being nearly free as the batch grows, nor as a sequence's context grows (each
 //! row attends to every cached position). The loop measures what passes cost by row count and
-//! context (`PassCost`, timed at start-up and refined from real decode passes) and gives each
-//! greedy sequence the price of a drafted row in the current batch at its context; the sequence's
-//! controller then sends only the drafts whose expected accepted tokens pay that price, which is
-//! none once the batch is compute-bound. Sampled sequences must stay reproducible for a seed, so their drafts do
+//! context (`PassCost`, timed at start-up and refined from real decode passes), and the engine's
+//! `step_priced` chooses the greedy sequences' drafts together by it: the drafted tokens that buy
+//! the most expected tokens per second of the pass's generated rows, which is none once the batch
+//! is compute-bound. Each greedy sequence also gets the price of a drafted row in the current
+//! batch at its context, which a draft tree goes by. Sampled sequences must stay reproducible for a seed, so their drafts do
 //! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
 //! (`ROW_BUDGET`).
 //!
@@ -39,7 +40,8 @@ use crate::ServerConfig;
 use drafting::pass_cost::{PassCost, MAX_ROWS};
 use engine::kv_cache::KvCache;
 use engine::{
-    step, FinishReason, GenerationConfig, KvBudget, LoadedModel, PrefixCache, Sequence, SpecStats,
+    step_priced, FinishReason, GenerationConfig, KvBudget, LoadedModel, PrefixCache, Sequence,
+    SpecStats,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -350,7 +352,12 @@ impl EngineLoop<'_> {
         {
             let mut seqs: Vec<&mut Sequence> =
                 self.running.iter_mut().map(|r| &mut r.seq).collect();
-            step(&self.lm.model, &self.lm.tokenizer, &mut seqs)?;
+            step_priced(
+                &self.lm.model,
+                &self.lm.tokenizer,
+                &mut seqs,
+                Some(&self.cost),
+            )?;
         }
         let seconds = started.elapsed().as_secs_f64();
         let mut batch = Vec::with_capacity(n);

@@ -119,3 +119,54 @@ fn a_reused_cache_gives_the_output_of_a_new_one() {
         );
     }
 }
+
+/// Drafts chosen for the whole batch (`step_priced`) give every sequence the tokens it gives
+/// without drafts; where rows are cheap the plan sends drafts, and where a row costs five passes
+/// it sends none but the drafter's probes.
+#[test]
+fn drafts_chosen_for_the_batch_keep_each_output() {
+    use drafting::pass_cost::PassCost;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
+    let lm = LoadedModel::load(&path).unwrap();
+    let (model, tok) = (&lm.model, &lm.tokenizer);
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|s| (0..40 + 7 * s).map(|i| 20 + (i % (9 + s)) * 5).collect())
+        .collect();
+    let run = |k: usize, cost: Option<&PassCost>| {
+        let mut config = greedy(k, 60);
+        config.speculation.adaptive = true;
+        let mut seqs: Vec<Sequence> = (prompts.iter())
+            .map(|p| Sequence::new(model, p.clone(), config.clone(), 256).unwrap())
+            .collect();
+        for s in seqs.iter_mut() {
+            s.set_draft_price(Some(0.5));
+        }
+        while seqs.iter().any(|s| !s.is_finished()) {
+            let mut live: Vec<&mut Sequence> =
+                seqs.iter_mut().filter(|s| !s.is_finished()).collect();
+            crate::step::step_priced(model, tok, &mut live, cost).unwrap();
+        }
+        let drafted: usize = seqs.iter().map(|s| s.stats.draft_tokens).sum();
+        (
+            seqs.into_iter().map(|s| s.tokens).collect::<Vec<_>>(),
+            drafted,
+        )
+    };
+    let (plain, none) = run(0, None);
+    assert_eq!(none, 0);
+    let (cheap, drafted) = run(8, Some(&PassCost::flat()));
+    assert_eq!(
+        cheap, plain,
+        "drafts chosen with cheap rows changed an output"
+    );
+    assert!(drafted > 20, "cheap rows: {drafted} drafted tokens");
+    let (dear, probes) = run(8, Some(&PassCost::linear(5.0)));
+    assert_eq!(
+        dear, plain,
+        "drafts chosen with dear rows changed an output"
+    );
+    assert!(
+        probes < drafted / 2,
+        "dear rows: {probes} drafted tokens against {drafted}"
+    );
+}
