@@ -439,10 +439,7 @@ impl Drafter {
             Some(_) if !self.estimates.is_empty() => {
                 self.estimates.iter().map(|e| f64::from(e.path)).collect()
             }
-            Some(n) => {
-                let a = self.length.acceptance(n).min(0.999);
-                (1..=self.chain.len() as i32).map(|i| a.powi(i)).collect()
-            }
+            Some(n) => self.length.paths(n, self.chain.len()).collect(),
         };
         self.tree.set_chain(&self.chain, Source::Ngram);
         Some(paths)

@@ -185,15 +185,18 @@ impl DraftLength {
     }
 
     fn best_length_at_price(&self, price: f64, n: usize, available: usize) -> usize {
+        best_prefix(price, self.paths(n, available))
+    }
+
+    /// For each of `len` drafted tokens from a match of size `n`, the estimated probability that
+    /// it and every token before it are accepted: `a^i` for token `i` (from 1), `a` the
+    /// acceptance of the match's size.
+    pub(crate) fn paths(&self, n: usize, len: usize) -> impl Iterator<Item = f64> {
         let a = self.acceptance(n).min(0.999);
-        // Token i (from 1) is accepted with the whole prefix before it: a^i.
-        best_prefix(
-            price,
-            (1..=available).scan(1.0, |power, _| {
-                *power *= a;
-                Some(*power)
-            }),
-        )
+        (1..=len).scan(1.0, move |power, _| {
+            *power *= a;
+            Some(*power)
+        })
     }
 
     /// Records a verified draft: `drafted` tokens from a match of size `n`, of which the first

@@ -176,16 +176,13 @@ impl PassCost {
     pub fn choose_drafts(&self, drafts: &[(&[f64], usize)], base_rows: usize) -> Vec<usize> {
         let mut ks = vec![0; drafts.len()];
         let total: usize = drafts.iter().map(|(p, _)| p.len()).sum();
-        if total == 0 || drafts.is_empty() {
+        if total == 0 {
             return ks;
         }
         let c = self.context;
         let base_rows = base_rows.max(drafts.len());
-        let base = self.seconds(base_rows)
-            + drafts
-                .iter()
-                .map(|&(_, ctx)| c.seconds(1, ctx))
-                .sum::<f64>();
+        // Attention over each sequence's context for its own row, paid with or without drafts.
+        let attention: f64 = drafts.iter().map(|&(_, ctx)| c.seconds(1, ctx)).sum();
         // A drafted row's cost: the table's average slope over the candidates, plus attention
         // over its own context.
         let slope = (self.seconds(base_rows + total) - self.seconds(base_rows)) / total as f64;
@@ -196,15 +193,14 @@ impl PassCost {
             })
             .collect();
         order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let plain = drafts.len() as f64 / base;
+        let plain = drafts.len() as f64 / (self.seconds(base_rows) + attention);
         let (mut tokens, mut extra) = (drafts.len() as f64, 0.0);
         let mut best = (plain, 0);
         for (r, &(_, i, j)) in order.iter().enumerate() {
             let (paths, ctx) = drafts[i];
             tokens += paths[j];
             extra += c.per_row * ctx as f64;
-            let rate =
-                tokens / (self.seconds(base_rows + r + 1) + base + extra - self.seconds(base_rows));
+            let rate = tokens / (self.seconds(base_rows + r + 1) + attention + extra);
             if rate > best.0 {
                 best = (rate, r + 1);
             }

@@ -589,39 +589,37 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_middle_ends_at_a_shallow_line() {
-        let text = |t: &str| Piece::Text {
+    fn text_piece(t: &str) -> Piece {
+        Piece::Text {
             index: 0,
             text: t.into(),
             logprobs: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_middle_ends_at_a_shallow_line() {
         let mut m = Middle::new("");
         assert_eq!(
-            m.read(text("return x\n    y"), 4).unwrap(),
+            m.read(text_piece("return x\n    y"), 4).unwrap(),
             "return x\n    y"
         );
-        assert_eq!(m.read(text("\n  z = 1"), 4).unwrap(), "\n  ");
-        assert_eq!(m.read(text("more"), 4).unwrap(), "");
+        assert_eq!(m.read(text_piece("\n  z = 1"), 4).unwrap(), "\n  ");
+        assert_eq!(m.read(text_piece("more"), 4).unwrap(), "");
         assert_eq!(m.text, "return x\n    y\n  ");
     }
 
     #[test]
     fn the_healed_text_is_dropped_from_the_output_as_far_as_it_repeats_it() {
-        let text = |t: &str| Piece::Text {
-            index: 0,
-            text: t.into(),
-            logprobs: Vec::new(),
-        };
         let mut m = Middle::new("  ");
-        assert_eq!(m.read(text(" "), 0).unwrap(), "");
-        assert_eq!(m.read(text(" a +"), 0).unwrap(), "a +");
+        assert_eq!(m.read(text_piece(" "), 0).unwrap(), "");
+        assert_eq!(m.read(text_piece(" a +"), 0).unwrap(), "a +");
         // Past the healed start nothing more is dropped.
-        assert_eq!(m.read(text(" b"), 0).unwrap(), " b");
+        assert_eq!(m.read(text_piece(" b"), 0).unwrap(), " b");
         // An output that does not repeat it is kept whole.
         let mut m = Middle::new(" ");
-        assert_eq!(m.read(text("\n    x"), 0).unwrap(), "\n    x");
-        assert_eq!(m.read(text(" y"), 0).unwrap(), " y");
+        assert_eq!(m.read(text_piece("\n    x"), 0).unwrap(), "\n    x");
+        assert_eq!(m.read(text_piece(" y"), 0).unwrap(), " y");
         let (prefix, suffix) = ("def f(a):\n".to_string(), "\n".to_string());
         let h = HoleText::split(prefix.clone() + "    return ", suffix.clone(), Vec::new());
         assert_eq!(h.prefix.clone() + &h.middle, prefix + "    return ");
