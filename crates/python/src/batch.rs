@@ -4,8 +4,11 @@
 //! starts from the prefix cache and leaves its rows there. The caches stay within the `LLM`'s
 //! memory budget (`engine::kv_budget`, `kv_cache_bytes`) as in the server: a prompt waits until
 //! its first cache fits, and the newest sequence is preempted (and resumes later, its output
-//! unchanged) when an older one must grow past the budget.
+//! unchanged) when an older one must grow past the budget. The drafts of a batch's sequences
+//! are priced and chosen together as the server's are (`engine::pass_cost::BatchPricing`, timed
+//! at the `LLM`'s first batch of more than one sequence).
 
+use engine::pass_cost::BatchPricing;
 use engine::{
     step, GenerationConfig, GenerationOutput, KvBudget, LoadedModel, PrefixCache, Sequence,
     LOCAL_NAMESPACE,
@@ -78,6 +81,7 @@ pub fn run<E>(
     prefix: &mut PrefixCache,
     requests: Vec<Request>,
     (max_seqs, ctx, budget): (usize, usize, &KvBudget),
+    pricing: &mut Option<BatchPricing>,
     mut between: impl FnMut(usize) -> Result<(), E>,
 ) -> Result<Vec<Vec<Choice>>, Stopped<E>> {
     let started = Instant::now();
@@ -93,8 +97,14 @@ pub fn run<E>(
     let mut done = 0;
     while !b.queue.is_empty() || !b.waiting.is_empty() || !b.live.is_empty() {
         b.admit(lm, prefix, max_seqs.max(1), ctx, budget)?;
+        if b.live.len() > 1 && pricing.is_none() {
+            *pricing = Some(BatchPricing::measure(&lm.model));
+        }
         let keep = {
             let mut seqs: Vec<&mut Sequence> = b.live.iter_mut().map(|l| &mut l.seq).collect();
+            if let Some(p) = pricing.as_ref() {
+                p.price(&mut seqs);
+            }
             budget.fit(&mut seqs, &mut Vec::new())
         };
         for mut l in b.live.drain(keep..).collect::<Vec<_>>() {
@@ -103,7 +113,10 @@ pub fn run<E>(
         }
         {
             let mut seqs: Vec<&mut Sequence> = b.live.iter_mut().map(|l| &mut l.seq).collect();
-            step(&lm.model, &lm.tokenizer, &mut seqs)?;
+            match pricing.as_mut() {
+                Some(p) => drop(p.step(&lm.model, &lm.tokenizer, &mut seqs)?),
+                None => step(&lm.model, &lm.tokenizer, &mut seqs)?,
+            }
         }
         let now = started.elapsed().as_secs_f64();
         b.fork_choices(lm, prefix, budget, now)?;

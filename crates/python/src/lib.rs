@@ -40,6 +40,8 @@ struct Inner {
     /// The KV caches' memory budget (`kv_cache_bytes`).
     budget: engine::KvBudget,
     prefix: Mutex<PrefixCache>,
+    /// What this machine's passes cost, timed at the first batch of more than one sequence.
+    pricing: Mutex<Option<engine::pass_cost::BatchPricing>>,
 }
 
 impl Inner {
@@ -136,6 +138,7 @@ impl Engine {
                 max_num_seqs: max_num_seqs.max(1),
                 budget,
                 prefix,
+                pricing: Mutex::new(None),
             }),
         })
     }
@@ -274,11 +277,13 @@ impl Engine {
         let mut last = usize::MAX;
         let ran = py.detach(|| {
             let mut prefix = inner.prefix();
+            let mut pricing = inner.pricing.lock().unwrap_or_else(|e| e.into_inner());
             batch::run(
                 lm,
                 &mut prefix,
                 requests,
                 (inner.max_num_seqs, inner.ctx, &inner.budget),
+                &mut pricing,
                 |done| {
                     Python::attach(|py| {
                         py.check_signals()?;

@@ -7,16 +7,10 @@
 //! A request may also set `Limits` (llama-server's time to generate and indentation, for
 //! completions in an editor): a sequence that reaches one ends after the step that reached it.
 //!
-//! Speculation adapts to load: a pass over many rows is no longer bound by reading the weights, so
-//! drafted rows stop being nearly free as the batch grows, nor as a sequence's context grows (each
-//! row attends to every cached position). The loop measures what passes cost by row count and
-//! context (`PassCost`, timed at start-up and refined from real decode passes), and the engine's
-//! `step_priced` chooses the greedy sequences' drafts together by it: the drafted tokens that buy
-//! the most expected tokens per second of the pass's generated rows, which is none once the batch
-//! is compute-bound. Each greedy sequence also gets the price of a drafted row in the current
-//! batch at its context, which a draft tree goes by. Sampled sequences must stay reproducible for a seed, so their drafts do
-//! not depend on timings: they get a fixed cap on drafted tokens that shrinks as the batch grows
-//! (`ROW_BUDGET`).
+//! Speculation adapts to load (`engine::pass_cost::BatchPricing`, shared with the Python `LLM`):
+//! the loop times what passes cost by row count and context at start-up, refines it from real
+//! decode passes, and the engine's `step_priced` chooses the greedy sequences' drafts together by
+//! it; sampled sequences get a fixed cap on drafted tokens that shrinks as the batch grows.
 //!
 //! Prompts start from the prefix cache: a new sequence copies in the keys and values of the longest
 //! prefix its tenant's earlier requests left (a chat client re-sends the whole conversation every
@@ -37,22 +31,15 @@
 use crate::metrics::Metrics;
 use crate::tenant::{namespaces, Corpora, Tenant};
 use crate::ServerConfig;
-use drafting::pass_cost::{PassCost, MAX_ROWS};
 use engine::kv_cache::KvCache;
-use engine::{
-    step_priced, FinishReason, GenerationConfig, KvBudget, LoadedModel, PrefixCache, Sequence,
-    SpecStats,
-};
+use engine::pass_cost::BatchPricing;
+use engine::{FinishReason, GenerationConfig, KvBudget, LoadedModel, PrefixCache, Sequence};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-
-/// Rows (last tokens plus drafts) per forward pass that speculation may fill for sampled
-/// sequences.
-const ROW_BUDGET: usize = 16;
 
 /// What the engine loop sends back for one request; `index` is the choice (0..n).
 #[derive(Debug)]
@@ -174,11 +161,6 @@ struct Running {
     checked: usize,
 }
 
-/// The draft cap per sequence for a batch of `n` that may fill `rows` rows per pass.
-fn draft_cap(rows: usize, n: usize) -> usize {
-    (rows / n.max(1)).saturating_sub(1)
-}
-
 /// What the engine thread is told once.
 struct LoopSettings {
     max_seqs: usize,
@@ -206,7 +188,7 @@ struct EngineLoop<'a> {
     /// Caches of ended requests, largest last, for the next ones (`Sequence::reusing`): kept
     /// committed rather than given back and faulted in again at every request.
     spares: Vec<KvCache>,
-    cost: PassCost,
+    pricing: BatchPricing,
 }
 
 /// How many ended requests' caches the engine keeps for later ones.
@@ -245,7 +227,7 @@ fn engine_loop(
         waiting: VecDeque::new(),
         budget: settings.budget,
         spares: Vec::new(),
-        cost: measure_cost(lm),
+        pricing: BatchPricing::measure(&lm.model),
     };
     loop {
         if !engine.admit_waiting(&rx) {
@@ -271,28 +253,6 @@ fn engine_loop(
         metrics.set_prefix_cache(&engine.prefix);
         engine.count_memory();
     }
-}
-
-/// What passes cost by row count, timed now (or a guess when timing fails).
-fn measure_cost(lm: &LoadedModel) -> PassCost {
-    let cost = match engine::pass_cost::measure(&lm.model) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!("could not time forward passes ({e}); assuming a row costs 0.3 tokens");
-            PassCost::linear(0.3)
-        }
-    };
-    tracing::info!(
-        one_row_ms = format!("{:.1}", cost.seconds(1) * 1e3),
-        draft_price_1 = format!("{:.2}", cost.price(1)),
-        draft_price_4 = format!("{:.2}", cost.price(4)),
-        draft_price_8 = format!("{:.2}", cost.price(8)),
-        draft_price_1_at_16k = format!("{:.2}", cost.prices(&[16_384])[0]),
-        row_ms_per_1k_positions = format!("{:.2}", cost.context().per_row * 1e6),
-        pass_ms_per_1k_positions = format!("{:.2}", cost.context().shared * 1e6),
-        "pass costs measured"
-    );
-    cost
 }
 
 impl EngineLoop<'_> {
@@ -324,50 +284,25 @@ impl EngineLoop<'_> {
     }
 
     /// One pass over the running batch, each sequence's drafts priced for the batch's size and
-    /// its own context; a decode-only pass refines the pass costs, and what speculation did is
-    /// counted.
-    /// Within the memory budget (`fit_budget`, which may preempt the newest sequences).
+    /// its own context (`BatchPricing`), within the memory budget (`fit_budget`, which may
+    /// preempt the newest sequences); what speculation did is counted.
     fn step(&mut self) -> engine::Result<()> {
-        let contexts: Vec<usize> = self.running.iter().map(|r| r.seq.positions()).collect();
-        let prices = self.cost.prices(&contexts);
-        let n = self.running.len();
-        for (r, &price) in self.running.iter_mut().zip(&prices) {
-            if r.seq.config().sampling.is_greedy() {
-                r.seq.set_draft_price(Some(price));
-                r.seq.set_draft_limit(draft_cap(MAX_ROWS, n));
-            } else {
-                r.seq.set_draft_price(None);
-                r.seq.set_draft_limit(draft_cap(ROW_BUDGET, n));
-            }
-        }
-        self.fit_budget();
-        let n = self.running.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let contexts = &contexts[..n];
-        let decode_only = self.running.iter().all(|r| !r.seq.in_prefill());
-        let before: Vec<SpecStats> = self.running.iter().map(|r| r.seq.stats.clone()).collect();
-        let started = Instant::now();
         {
             let mut seqs: Vec<&mut Sequence> =
                 self.running.iter_mut().map(|r| &mut r.seq).collect();
-            step_priced(
-                &self.lm.model,
-                &self.lm.tokenizer,
-                &mut seqs,
-                Some(&self.cost),
-            )?;
+            self.pricing.price(&mut seqs);
         }
-        let seconds = started.elapsed().as_secs_f64();
-        let mut batch = Vec::with_capacity(n);
-        for ((r, b), &ctx) in self.running.iter().zip(&before).zip(contexts) {
-            let counted = r.seq.stats.since(b);
-            batch.push((1 + counted.draft_tokens, ctx));
-            self.metrics.count_step(&counted);
+        self.fit_budget();
+        if self.running.is_empty() {
+            return Ok(());
         }
-        if decode_only {
-            self.cost.observe_batch(&batch, seconds);
+        let counted = {
+            let mut seqs: Vec<&mut Sequence> =
+                self.running.iter_mut().map(|r| &mut r.seq).collect();
+            (self.pricing).step(&self.lm.model, &self.lm.tokenizer, &mut seqs)?
+        };
+        for c in &counted {
+            self.metrics.count_step(c);
         }
         Ok(())
     }
@@ -515,14 +450,5 @@ mod tests {
         assert!(!indented.reached(None, later, "x\n    y", "y"));
         assert!(indented.reached(None, later, "x\n  y", "y"));
         assert!(!Limits::default().reached(Some(t0), later, "x\n\n", "\n"));
-    }
-
-    #[test]
-    fn draft_cap_shrinks_with_the_batch() {
-        assert!(draft_cap(ROW_BUDGET, 1) >= 8);
-        assert_eq!(draft_cap(ROW_BUDGET, 2), 7);
-        assert_eq!(draft_cap(ROW_BUDGET, 8), 1);
-        assert_eq!(draft_cap(ROW_BUDGET, 16), 0);
-        assert_eq!(draft_cap(ROW_BUDGET, 32), 0);
     }
 }
