@@ -6,7 +6,7 @@
 //! its first cache fits, and the newest sequence is preempted (and resumes later, its output
 //! unchanged) when an older one must grow past the budget. The drafts of a batch's sequences
 //! are priced and chosen together as the server's are (`engine::pass_cost::BatchPricing`, timed
-//! at the `LLM`'s first batch of more than one sequence).
+//! at the `LLM`'s first batch of more than one sequence with speculation on).
 
 use engine::pass_cost::BatchPricing;
 use engine::{
@@ -97,7 +97,8 @@ pub fn run<E>(
     let mut done = 0;
     while !b.queue.is_empty() || !b.waiting.is_empty() || !b.live.is_empty() {
         b.admit(lm, prefix, max_seqs.max(1), ctx, budget)?;
-        if b.live.len() > 1 && pricing.is_none() {
+        let drafting = b.live.iter().any(|l| l.seq.config().speculation.enabled());
+        if b.live.len() > 1 && drafting && pricing.is_none() {
             *pricing = Some(BatchPricing::measure(&lm.model));
         }
         let keep = {

@@ -40,7 +40,8 @@ struct Inner {
     /// The KV caches' memory budget (`kv_cache_bytes`).
     budget: engine::KvBudget,
     prefix: Mutex<PrefixCache>,
-    /// What this machine's passes cost, timed at the first batch of more than one sequence.
+    /// What this machine's passes cost, timed at the first batch of more than one sequence
+    /// with speculation on.
     pricing: Mutex<Option<engine::pass_cost::BatchPricing>>,
 }
 
