@@ -5,6 +5,8 @@
 #
 #   tools/vllm/setup.sh [VENV] [CHECKPOINT]     (defaults: /work/vllm-venv, $VENV/qwen-coder-0.5b-bf16)
 #
+# PLD_GGUF=path converts another GGUF than the 0.5B; SKIP_ARCTIC=1 leaves out vLLM's `suffix` method.
+#
 # Steps that are already done are skipped, so it can be rerun. Needs: python3 (3.10-3.13), a Rust
 # toolchain (for pld's package), network access to PyPI, and the GGUF (`pld fetch qwen-coder-0.5b`).
 set -euo pipefail
@@ -53,8 +55,8 @@ PYEOF
 
 # 5. vLLM's `suffix` method needs arctic-inference. PyPI has only its source (0.3.0); it builds
 #    against the venv's torch with cmake and nanobind (a C++ compiler is needed). Optional: the
-#    rest works without it.
-if ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+#    rest works without it, and SKIP_ARCTIC=1 skips it (its build is the longest step).
+if [ -z "${SKIP_ARCTIC:-}" ] && ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   "$PY" -m pip install -q -c "$PIN" cmake ninja "nanobind==2.9.2" grpcio-tools setuptools wheel
   PATH="$VENV/bin:$PATH" "$PY" -m pip install -q -c "$PIN" --no-build-isolation --no-deps \
     "arctic-inference==${ARCTIC_VERSION:-0.3.0}" || echo "arctic-inference did not build: vLLM's suffix method is unavailable"
