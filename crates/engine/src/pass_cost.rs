@@ -269,16 +269,24 @@ mod tests {
         }
         let limits: Vec<usize> = seqs.iter().map(|s| s.draft_limit).collect();
         assert_eq!(limits, [15, 15, 15, 3]);
+        let mut counted = 0;
         while seqs.iter().any(|s| !s.is_finished()) {
             let mut live: Vec<&mut Sequence> =
                 seqs.iter_mut().filter(|s| !s.is_finished()).collect();
             pricing.price(&mut live);
             let n = live.len();
-            assert_eq!(pricing.step(model, tok, &mut live).unwrap().len(), n);
+            let stats = pricing.step(model, tok, &mut live).unwrap();
+            assert_eq!(stats.len(), n);
+            counted += stats.iter().map(|c| c.draft_tokens).sum::<usize>();
         }
         for (a, b) in seqs.iter().zip(&plain) {
             assert_eq!(a.tokens, b.tokens, "a priced batch changed a greedy output");
         }
+        let drafted: usize = seqs.iter().map(|s| s.stats.draft_tokens).sum();
+        assert_eq!(
+            counted, drafted,
+            "the passes' counts add up to the sequences'"
+        );
         assert!(
             pricing.cost().seconds(4) < start,
             "decode passes did not refine the table: {} s",
