@@ -30,6 +30,8 @@ pub mod weights;
 
 #[cfg(test)]
 mod cannot_run;
+#[cfg(test)]
+mod test_models;
 
 pub use chat::{ChatTemplate, Message, PromptEnd, RenderOptions};
 pub use error::{EngineError, Result};
@@ -46,7 +48,7 @@ pub use prefix_cache::PrefixCache;
 pub use sampling::SamplingParams;
 pub use sequence::Sequence;
 pub use stats::{BySource, SpecStats};
-pub use step::{step, step_priced};
+pub use step::step;
 pub use tokenizer::Tokenizer;
 
 use std::path::{Path, PathBuf};

@@ -236,13 +236,10 @@ mod tests {
     fn a_priced_batch_keeps_outputs_and_learns_its_pass_costs() {
         use crate::generation::GenerationConfig;
         use crate::step::step;
-        use crate::LoadedModel;
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
-        let lm = LoadedModel::load(&path).unwrap();
+        use crate::test_models::{repeating_prompts, tiny_llama};
+        let lm = tiny_llama();
         let (model, tok) = (&lm.model, &lm.tokenizer);
-        let prompts: Vec<Vec<u32>> = (0..3u32)
-            .map(|s| (0..40 + 7 * s).map(|i| 20 + (i % (9 + s)) * 5).collect())
-            .collect();
+        let prompts = repeating_prompts(3);
         let config = GenerationConfig {
             max_new_tokens: 40,
             ..Default::default()

@@ -6,10 +6,7 @@ use crate::step::step;
 use crate::LoadedModel;
 use drafting::SpecConfig;
 
-fn tiny() -> LoadedModel {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
-    LoadedModel::load(&path).unwrap()
-}
+use crate::test_models::tiny_llama as tiny;
 
 /// Up to `max_new_tokens`, drafts of up to `k` tokens (0: none), greedy or seeded sampling.
 fn config(k: usize, max_new_tokens: usize, sampled: bool) -> GenerationConfig {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::step::step;
+use crate::test_models::{repeating_prompts, tiny_llama};
 use crate::LoadedModel;
 use drafting::SpecConfig;
 
@@ -45,8 +46,7 @@ fn run(
 /// sized for the whole run, plain and with drafts (which must find room for their rows).
 #[test]
 fn a_cache_that_grows_gives_the_output_of_a_whole_one() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
-    let lm = LoadedModel::load(&path).unwrap();
+    let lm = tiny_llama();
     // A repetitive prompt, so that the n-gram drafter proposes.
     let prompt: Vec<u32> = (0..48).map(|i| 20 + (i % 12) * 5).collect();
     for k in [0usize, 6] {
@@ -87,8 +87,7 @@ fn stop_strings_are_found_across_pushes() {
 /// gives on a new cache, plain and with drafts; and it does take the spare.
 #[test]
 fn a_reused_cache_gives_the_output_of_a_new_one() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
-    let lm = LoadedModel::load(&path).unwrap();
+    let lm = tiny_llama();
     let (model, tok) = (&lm.model, &lm.tokenizer);
     let first: Vec<u32> = (0..90).map(|i| 7 + (i % 17) * 3).collect();
     let second: Vec<u32> = (0..40).map(|i| 30 + (i % 9) * 4).collect();
@@ -126,12 +125,9 @@ fn a_reused_cache_gives_the_output_of_a_new_one() {
 #[test]
 fn drafts_chosen_for_the_batch_keep_each_output() {
     use drafting::pass_cost::PassCost;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tiny/llama3.gguf");
-    let lm = LoadedModel::load(&path).unwrap();
+    let lm = tiny_llama();
     let (model, tok) = (&lm.model, &lm.tokenizer);
-    let prompts: Vec<Vec<u32>> = (0..4u32)
-        .map(|s| (0..40 + 7 * s).map(|i| 20 + (i % (9 + s)) * 5).collect())
-        .collect();
+    let prompts = repeating_prompts(4);
     let run = |k: usize, cost: Option<&PassCost>| {
         let mut config = greedy(k, 60);
         config.speculation.adaptive = true;
