@@ -83,7 +83,11 @@ pub fn machine_description() -> String {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    format!("{cpu}, {cores} cores, kernels {:?}", engine::kernels::isa())
+    format!(
+        "{cpu}, {cores} cores, kernels {:?}, prompt rows {}",
+        engine::kernels::isa(),
+        engine::kernels::prompt_arithmetic()
+    )
 }
 
 /// `--json-schema FILE` / `--json-object` / `--grammar FILE`: structured output for `generate`

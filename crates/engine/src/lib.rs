@@ -80,7 +80,17 @@ impl LoadedModel {
     /// `load` with the weight matrices held at `precision` (f32 only to check arithmetic).
     pub fn load_with(path: &Path, precision: weights::Precision) -> Result<Self> {
         let file = gguf::GgufFile::open(path)?;
+        let copies = kernels::rotated::copy_bytes();
         let model = Model::load_with(&file, precision)?;
+        let copy = kernels::rotated::copy_bytes().saturating_sub(copies);
+        if copy > 0 {
+            tracing::info!(
+                copy_bytes = copy,
+                "prompt rows on rotated int8 tiles (PLD_PROMPT_ROWS=int8): a copy of the weights \
+                 of {} MiB beside them",
+                copy >> 20
+            );
+        }
         let tokenizer = Tokenizer::from_gguf(&file)?;
         if tokenizer.vocab_size() < model.config.vocab_size {
             return Err(EngineError::BadMetadata(format!(

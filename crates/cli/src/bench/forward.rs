@@ -144,7 +144,11 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                     .unwrap_or_default(),
                 r.f32_peak_gmacs.unwrap_or(0.0),
                 r.prefill_fraction_of_tile_peak
-                    .map(|f| format!("; its products at {:.0}% of the bf16 tile peak", 100.0 * f))
+                    .map(|f| format!(
+                        "; its products at {:.0}% of the tile peak of prompt rows ({})",
+                        100.0 * f,
+                        r.prompt_rows
+                    ))
                     .unwrap_or_default(),
             ),
             _ => String::new(),
@@ -160,7 +164,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         ) {
             let peak = r
                 .prefill_products_fraction_of_tile_peak
-                .map(|f| format!(" (at {:.0}% of the bf16 tile peak)", 100.0 * f))
+                .map(|f| format!(" (at {:.0}% of the tile peak of prompt rows)", 100.0 * f))
                 .unwrap_or_default();
             println!(
                 "    per chunk of {} tokens: {ms:.1} ms: products {:.0}%{peak}, attention {:.0}%, \
@@ -311,11 +315,18 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let f32_peak = engine::kernels::f32_peak_gmacs();
     let amx_peak = engine::kernels::amx_int8_peak_gmacs();
     let bf16_peak = engine::kernels::amx_bf16_peak_gmacs();
+    // The peak of the tiles prompt rows take: int8 for the rotated int8 arithmetic
+    // (`PLD_PROMPT_ROWS=int8`), else bf16.
+    let prompt_rows = engine::kernels::prompt_arithmetic();
+    let prompt_peak = match prompt_rows.starts_with("rotated int8") {
+        true => amx_peak,
+        false => bf16_peak,
+    };
     // Seconds of compute for `tokens` rows after `before` positions of cache: a prompt's rows at
     // the bf16 tile peak where they take bf16 tiles; generated rows on AMX int8 tiles from
     // `AMX_MIN_ROWS` rows.
     let compute_s = |before: usize, tokens: usize, prompt: bool| -> f64 {
-        let peak = match (bf16_peak, amx_peak) {
+        let peak = match (prompt_peak, amx_peak) {
             (Some(p), _) if prompt => Some(p),
             (_, Some(p)) if tokens >= engine::kernels::AMX_MIN_ROWS => Some(p),
             _ => peak,
@@ -388,12 +399,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         int8_peak_gmacs: peak,
         amx_int8_peak_gmacs: amx_peak,
         amx_bf16_peak_gmacs: bf16_peak,
-        prefill_fraction_of_tile_peak: bf16_peak.map(|p| prefill_tps * macs as f64 / (p * 1e9)),
+        prompt_rows: prompt_rows.to_string(),
+        prompt_copy_bytes: engine::kernels::rotated::copy_bytes(),
+        prefill_fraction_of_tile_peak: prompt_peak.map(|p| prefill_tps * macs as f64 / (p * 1e9)),
         prefill_chunk_ms: Some(prefill_s * 1e3 / chunks),
         prefill_products_share: Some(prefill_products_s / prefill_s),
         prefill_attention_share: Some(prefill_attention_s / prefill_s),
         // The layers' products only: the head is outside their clock (and runs on one row).
-        prefill_products_fraction_of_tile_peak: bf16_peak.map(|p| {
+        prefill_products_fraction_of_tile_peak: prompt_peak.map(|p| {
             let layer_macs = macs - model.head_macs();
             (a.prefill_tokens * layer_macs) as f64 / prefill_products_s / (p * 1e9)
         }),

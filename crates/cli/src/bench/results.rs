@@ -261,7 +261,15 @@ pub struct ForwardRun {
     /// of tiles over these threads, G/s, the prefill's compute limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amx_bf16_peak_gmacs: Option<f64>,
-    /// The prefill's products' multiply-adds per second over the bf16 tile peak.
+    /// The arithmetic of prompt rows (`engine::kernels::prompt_arithmetic`).
+    #[serde(default)]
+    pub prompt_rows: String,
+    /// Bytes of the weights' copy that prompt rows read (`PLD_PROMPT_ROWS=int8`), beside the
+    /// model's own.
+    #[serde(default)]
+    pub prompt_copy_bytes: usize,
+    /// The prefill's products' multiply-adds per second over the peak of the tiles prompt rows
+    /// take (int8 for the rotated int8 arithmetic, else bf16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_fraction_of_tile_peak: Option<f64>,
     /// The prefill's time per chunk (`engine::step::PREFILL_CHUNK` tokens), ms.
@@ -275,7 +283,7 @@ pub struct ForwardRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_attention_share: Option<f64>,
     /// The layers' products' multiply-adds (the head's left out) over their own time, as a share
-    /// of the bf16 tile peak.
+    /// of the peak of the tiles prompt rows take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_products_fraction_of_tile_peak: Option<f64>,
     /// The f32 multiply-add peak of the attention kernels over these threads, G/s (absent for the

@@ -52,6 +52,7 @@ pub mod pool;
 mod prompt;
 pub mod q8;
 pub mod quant;
+pub mod rotated;
 mod table;
 #[cfg(target_arch = "x86_64")]
 mod x86;

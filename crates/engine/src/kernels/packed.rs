@@ -55,6 +55,8 @@ pub struct Packed {
     map: memmap2::MmapMut,
     start: usize,
     len: usize,
+    /// The rotated int8 copy prompt rows read in a class that computes them so, made at first use.
+    pub rotated: std::sync::OnceLock<super::rotated::RotatedInt8>,
 }
 
 /// Transparent huge pages, where the kernel gives them: a decode step streams every weight once,
@@ -112,6 +114,7 @@ impl Packed {
             map,
             start,
             len: total,
+            rotated: std::sync::OnceLock::new(),
         })
     }
 

@@ -126,6 +126,10 @@ pub(super) struct PromptRows {
     /// `x` is `m x cols` of the gate and up matrices; the three `takes`; the output holds
     /// `m * down.rows` floats.
     pub ffn: Option<PromptFfn>,
+    /// Makes what the products read beside the packed weights (a copy of its own), for a
+    /// matrix that `takes` it, when the matrix is packed for the class: at load, not in the
+    /// first prompt's time.
+    pub prepare: Option<fn(&QMatrix)>,
 }
 
 /// What one kernel class runs.

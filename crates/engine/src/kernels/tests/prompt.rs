@@ -1,6 +1,7 @@
 //! Prompt rows' products (`matmul_many_rows` with `RowKind::Prompt`): where the class computes
 //! them on bf16 tiles, each output agrees with the plain sum of the bf16-rounded activations
-//! times the bf16-rounded weights, and its bits never depend on the other rows of the product
+//! times the bf16-rounded weights (on the rotated int8 tiles, `PLD_PROMPT_ROWS=int8`, with
+//! `rotated::products_scalar` bit for bit), and its bits never depend on the other rows of the product
 //! (one row, a part tile, many rows in several blocks of columns); elsewhere they are the
 //! generated rows' bits.
 
@@ -45,6 +46,17 @@ fn prompt_rows_match_their_arithmetic() {
             let mut want = vec![0f32; m * rows];
             matmul(&x, m, &w, &mut want);
             assert_eq!(got, want, "{dtype:?} case {ci}");
+            continue;
+        }
+        if prompt_arithmetic().starts_with("rotated int8") {
+            // `PLD_PROMPT_ROWS=int8`: the rotated arithmetic's plain definition, bit for bit.
+            let mut want = vec![0f32; m * rows];
+            rotated::products_scalar(&x, m, &rotated::RotatedInt8::of(&w), &mut want);
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(differ.count(), 0, "{dtype:?} case {ci}");
             continue;
         }
         let round = |v: f32| bf16::from_f32(v).to_f32() as f64;
@@ -132,4 +144,120 @@ fn fused_feed_forward_equals_its_steps() {
         // Generated rows are never fused.
         assert!(!gated_ffn_rows(RowKind::Generated, &x, m, &ffn, &mut got));
     }
+}
+
+/// The rotated int8 arithmetic (`PLD_PROMPT_ROWS=int8`) on tiles gives its plain definition's
+/// bits (`rotated::products_scalar`) on the pool's threads: one row, part tiles, several blocks
+/// of columns; and a row's bits are those it gets alone.
+#[test]
+#[ignore = "needs AMX-INT8: run with --ignored on a CPU that has it (.ci/run does)"]
+fn rotated_int8_tiles_match_their_plain_definition() {
+    if let Err(why) = isa::amx_status() {
+        crate::cannot_run::cannot_run(why);
+        return;
+    }
+    if !Isa::Amx.is_available() {
+        crate::cannot_run::cannot_run("the CPU has AMX but not AVX-512 VNNI");
+        return;
+    }
+    let table = super::x86::classes::int8_prompt_table();
+    let more = [
+        (GgmlDType::Q4K, 32, 8960, 300),
+        (GgmlDType::Q6K, 64, 256, 17),
+    ];
+    for (ci, &(dtype, rows, cols, m)) in CASES.iter().chain(&more).enumerate() {
+        let w = matrix(dtype, rows, cols, 140 + ci as u64);
+        assert!((table.takes)(&w), "case {ci} takes the int8 tiles");
+        let mut x = random_vec(m * cols, 150 + ci as u64);
+        // A few columns far larger than the rest, as a layer's inputs have.
+        for (i, v) in x.iter_mut().enumerate() {
+            if (i % cols) % 97 == 5 {
+                *v *= 60.0;
+            }
+        }
+        let run = |x: &[f32], m: usize| {
+            let mut out = vec![f32::NAN; m * rows];
+            // SAFETY: the CPU has AMX-INT8 with the tile permission and AVX-512 (checked
+            // above); `x` is m x cols and `out` m x rows, the only job.
+            unsafe { (table.run)(x, m, &[(&w, parallel::OutPtr(out.as_mut_ptr()))]) };
+            out
+        };
+        let got = run(&x, m);
+        let copy = rotated::RotatedInt8::of(&w);
+        let mut want = vec![0f32; m * rows];
+        rotated::products_scalar(&x, m, &copy, &mut want);
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differ.count(),
+            0,
+            "{dtype:?} case {ci}: tiles against the definition"
+        );
+        let last = (m - 1) * cols;
+        let alone = run(&x[last..], 1);
+        assert_eq!(
+            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            got[(m - 1) * rows..]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>(),
+            "{dtype:?} case {ci}: the last row alone"
+        );
+    }
+}
+
+/// The rotation keeps products (the copy's rows and the activations' rotate alike, so each
+/// product is 256 times the plain one) and the rotated int8 products stay close to the f32 ones;
+/// the copy holds each row's int8s where the tiles read them.
+#[test]
+fn rotated_int8_keeps_the_products() {
+    let (a, b) = (random_vec(512, 160), random_vec(512, 161));
+    let (mut ra, mut rb) = (a.clone(), b.clone());
+    rotated::rotate(&mut ra);
+    rotated::rotate(&mut rb);
+    let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p * q) as f64).sum::<f64>();
+    let (plain, turned) = (dot(&a, &b), dot(&ra, &rb) / 256.0);
+    assert!((plain - turned).abs() < 1e-4 * dot(&a, &a).sqrt() * dot(&b, &b).sqrt());
+    let (rows, cols, m) = (64, 1024, 9);
+    let w = matrix(GgmlDType::Q4K, rows, cols, 162);
+    let copy = rotated::RotatedInt8::of(&w);
+    let x = random_vec(m * cols, 163);
+    let mut got = vec![0f32; m * rows];
+    rotated::products_scalar(&x, m, &copy, &mut got);
+    let wf = w.dequantize();
+    let mut err = 0f64;
+    let mut norm = 0f64;
+    for i in 0..m {
+        for j in 0..rows {
+            let want = dot(&x[i * cols..][..cols], &wf[j * cols..][..cols]);
+            err += (got[i * rows + j] as f64 - want).powi(2);
+            norm += want * want;
+        }
+    }
+    // int8 on both sides after the rotation: about a percent of the products' size.
+    assert!(
+        (err / norm).sqrt() < 0.02,
+        "relative error {}",
+        (err / norm).sqrt()
+    );
+    let mut turned = vec![0f32; cols];
+    w.dequantize_row(37, &mut turned);
+    rotated::rotate(&mut turned);
+    let mut q = vec![0i8; cols];
+    let scale = rotated::quantize_row(&turned, &mut q);
+    assert_eq!(copy.row(37), q);
+    assert_eq!(copy.scale[37], scale);
+}
+
+#[test]
+fn prompt_rows_setting_parses_and_names_bad_values() {
+    use super::x86::classes::prompt_rows_requested as parse;
+    assert_eq!(parse(None), Ok(false));
+    assert_eq!(parse(Some("")), Ok(false));
+    assert_eq!(parse(Some("bf16")), Ok(false));
+    assert_eq!(parse(Some("int8")), Ok(true));
+    let e = parse(Some("fp8")).unwrap_err();
+    assert!(e.contains("fp8") && e.contains("int8"), "{e}");
 }

@@ -7,7 +7,8 @@
 
 use super::super::{
     attend_rows_amx, bf16_tiles, packed_rows_amx, peak_amx, peak_amx_bf16, prompt_products,
-    prompt_to_line, prompt_to_tiles, TileLine, PROMPT_STRIP, TILE_ROWS,
+    prompt_to_line, prompt_to_tiles, rotated_products, rotated_to_tiles, TileLine, PROMPT_STRIP,
+    TILE_ROWS,
 };
 use super::avx512::ATTENTION;
 use super::avx512_vnni::AVX512_VNNI;
@@ -15,6 +16,7 @@ use crate::kernels::format::Format;
 use crate::kernels::matrix::QMatrix;
 use crate::kernels::parallel::{par_chunks_mut, OutPtr};
 use crate::kernels::prompt::GatedFfn;
+use crate::kernels::rotated::{Line as Int8Line, RotatedInt8, STEP as INT8_STEP};
 use crate::kernels::table::{Attend, Attention, Kernels, PromptRows};
 use crate::kernels::{pool, AMX_MIN_ROWS};
 use std::sync::OnceLock;
@@ -55,6 +57,23 @@ const AMX_BF16_PROMPT: Kernels = Kernels {
         takes: on_tiles,
         run: on_bf16_tiles,
         ffn: Some(ffn_on_bf16_tiles),
+        prepare: None,
+    }),
+    ..AMX_BF16
+};
+
+/// With `PLD_PROMPT_ROWS=int8`: prompt rows on int8 tiles in the rotated arithmetic
+/// (`kernels::rotated`), over a copy of the weights made at load (one byte a weight).
+const AMX_INT8_PROMPT: Kernels = Kernels {
+    prompt_rows: Some(PromptRows {
+        // Changes whenever the prompt rows' bits do.
+        name: "rotated int8 1",
+        takes: on_rotated,
+        run: on_int8_tiles,
+        ffn: None,
+        prepare: Some(|w| {
+            rotated_copy(w);
+        }),
     }),
     ..AMX_BF16
 };
@@ -64,11 +83,41 @@ pub(crate) fn kernels() -> &'static Kernels {
     static WHICH: OnceLock<&'static Kernels> = OnceLock::new();
     WHICH.get_or_init(
         || match (bf16_tiles(), is_x86_feature_detected!("avx512vbmi")) {
+            (true, true) if int8_prompt_rows() => &AMX_INT8_PROMPT,
             (true, true) => &AMX_BF16_PROMPT,
             (true, false) => &AMX_BF16,
             (false, _) => &AMX,
         },
     )
+}
+
+/// What `PLD_PROMPT_ROWS` asks for: `Ok(true)` for `int8` (the rotated int8 tiles), `Ok(false)`
+/// for `bf16` or when unset or empty, an error naming any other value.
+pub(crate) fn prompt_rows_requested(value: Option<&str>) -> Result<bool, String> {
+    match value.unwrap_or("") {
+        "" | "bf16" => Ok(false),
+        "int8" => Ok(true),
+        v => Err(format!("PLD_PROMPT_ROWS={v} is none of bf16, int8")),
+    }
+}
+
+/// Whether prompt rows take the rotated int8 tiles (`PLD_PROMPT_ROWS=int8`); a value that names
+/// neither arithmetic is reported on stderr once and the default (bf16 tiles) is used.
+fn int8_prompt_rows() -> bool {
+    let value = std::env::var("PLD_PROMPT_ROWS").ok();
+    prompt_rows_requested(value.as_deref()).unwrap_or_else(|e| {
+        eprintln!("warning: {e}; using bf16");
+        false
+    })
+}
+
+/// The int8 prompt rows' arithmetic, whichever the class uses (tests).
+#[cfg(test)]
+pub(crate) fn int8_prompt_table() -> &'static PromptRows {
+    AMX_INT8_PROMPT
+        .prompt_rows
+        .as_ref()
+        .expect("int8 prompt rows")
 }
 
 /// Whether `w`'s prompt rows take the bf16 tiles: Q4_K and Q6_K packed in whole strips.
@@ -78,7 +127,22 @@ fn on_tiles(w: &QMatrix) -> bool {
     })
 }
 
+/// Whether `w`'s prompt rows take the rotated int8 tiles: Q4_K and Q6_K packed, in whole strips
+/// and blocks of 256 columns.
+fn on_rotated(w: &QMatrix) -> bool {
+    on_tiles(w) && RotatedInt8::fits(w.rows, w.cols)
+}
+
+/// `w`'s rotated copy, made on first use (on the pool's threads: not from inside a pool job).
+fn rotated_copy(w: &QMatrix) -> &RotatedInt8 {
+    let p = w.packed.as_ref().expect("on_rotated: packed");
+    p.rotated.get_or_init(|| RotatedInt8::of(w))
+}
+
 thread_local! {
+    static INT8_ACTS: std::cell::RefCell<(Vec<Int8Line>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static ROTATE_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     static ACTS: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
     static HIDDEN: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
     static SCRATCH: std::cell::RefCell<(Vec<TileLine>, Vec<f32>)> =
@@ -99,6 +163,56 @@ unsafe fn on_bf16_tiles(x: &[f32], m: usize, jobs: &[(&QMatrix, OutPtr<f32>)]) {
         let mut acts = cell.borrow_mut();
         to_activation_tiles(x, m, jobs[0].0.cols, &mut acts);
         tile_products(&acts, m, jobs);
+    });
+}
+
+/// The products of `jobs` (each `on_rotated`) over the same `m` activation rows in the rotated
+/// int8 arithmetic: the activations rotated and rounded once, then runs of strips shared out to
+/// the threads, as `on_bf16_tiles`.
+///
+/// # Safety
+/// The CPU has AMX-INT8 with the tile permission and AVX-512 BW (the table this is in); `x` is
+/// `m x cols` of every matrix; each output holds `m * rows` floats, no other job's.
+unsafe fn on_int8_tiles(x: &[f32], m: usize, jobs: &[(&QMatrix, OutPtr<f32>)]) {
+    let copies: Vec<&RotatedInt8> = jobs.iter().map(|(w, _)| rotated_copy(w)).collect();
+    let k = jobs[0].0.cols;
+    INT8_ACTS.with(|cell| {
+        let (acts, scales) = &mut *cell.borrow_mut();
+        let tiles = m.div_ceil(TILE_ROWS);
+        let lines = k / INT8_STEP * TILE_ROWS;
+        acts.clear();
+        acts.resize(tiles * lines, Int8Line::default());
+        scales.clear();
+        scales.resize(tiles * TILE_ROWS, 0.0);
+        let at = OutPtr(scales.as_mut_ptr());
+        par_chunks_mut(acts, lines, &|t, tile| {
+            ROTATE_BUF.with(|buf| {
+                // SAFETY: scales t * 16..t * 16 + 16 are tile t's alone, inside `scales`; the
+                // CPU has AVX-512 BW (the caller's promise); `tile` is tile t's lines.
+                unsafe {
+                    let own =
+                        std::slice::from_raw_parts_mut(at.get().add(t * TILE_ROWS), TILE_ROWS);
+                    rotated_to_tiles(x, (m, k), t * TILE_ROWS, tile, own, &mut buf.borrow_mut())
+                }
+            })
+        });
+        let (acts, scales) = (&*acts, &*scales);
+        let work = strip_runs(jobs);
+        pool::global().run(work.len(), &|i| {
+            let (ji, s0, s1) = work[i];
+            let (w, out) = (copies[ji], jobs[ji].1);
+            SCRATCH.with(|cell| {
+                let (_, tail) = &mut *cell.borrow_mut();
+                // SAFETY: the CPU has AMX-INT8 with the tile permission and AVX-512 F (the
+                // caller's promise); strips s0..s1 exist; `acts` holds the m rows over w.cols
+                // columns; `out` holds m x w.rows floats, whose columns of strips s0..s1 are
+                // this work item's alone.
+                unsafe {
+                    let at = out.get().add(s0 * PROMPT_STRIP);
+                    rotated_products(w, (s0, s1), acts, (m, scales), at, w.rows, tail)
+                }
+            });
+        });
     });
 }
 

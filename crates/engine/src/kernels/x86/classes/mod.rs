@@ -9,6 +9,8 @@ mod avx512;
 mod avx512_vnni;
 
 pub(crate) use amx::kernels as amx;
+#[cfg(test)]
+pub(crate) use amx::{int8_prompt_table, prompt_rows_requested};
 pub(crate) use avx2::AVX2;
 pub(crate) use avx2_vnni::{AVX2_VNNI, AVX2_VNNI_EVEX};
 pub(crate) use avx512::AVX512;

@@ -1,0 +1,340 @@
+//! The products of prompt rows on AMX int8 tiles in the rotated int8 arithmetic
+//! (`kernels::rotated`, whose plain definition this gives bit for bit).
+//!
+//! - Activations: each row's blocks of 256 columns rotated in registers (`rotate_block`: the
+//!   signs, then the butterflies in the same stages as `rotated::rotate`), rounded to int8 by
+//!   the row's one scale and laid out in tile order (`to_tiles`).
+//! - Weights: the matrix's `RotatedInt8` copy, already in the tiles' order: the products read
+//!   their B tiles straight from it.
+//! - Sums: exact 32-bit integers over every column; between blocks of columns they wait in the
+//!   output and are loaded again; at the end (`finish`) each becomes `sum * (row scale * weight
+//!   scale)`.
+
+use super::amx::{load_config, release, Config};
+use crate::kernels::packed::ROWS;
+use crate::kernels::rotated::{row_scale, Line, RotatedInt8, BLOCK, SIGNS, STEP, STRIP};
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+/// Bytes of activation tiles a block of columns keeps in L2 across the strips of a work item.
+const ACT_BLOCK_BYTES: usize = 3 << 19;
+
+/// Every tile here is sixteen rows of 64 bytes: tmm0-3 sums, tmm4-5 activations, tmm6-7
+/// weights.
+static TILES: Config = Config::new(64);
+
+/// The lane a butterfly of distance `h` (1, 2, 4 or 8) pairs each lane with, and the sign its
+/// own number takes (+1 where bit `h` of the lane is clear, -1 where set).
+const fn pair_of(h: usize) -> ([i32; 16], [f32; 16]) {
+    let mut idx = [0i32; 16];
+    let mut sgn = [0f32; 16];
+    let mut l = 0;
+    while l < 16 {
+        idx[l] = (l ^ h) as i32;
+        sgn[l] = if l & h == 0 { 1.0 } else { -1.0 };
+        l += 1;
+    }
+    (idx, sgn)
+}
+
+const PAIRS: [([i32; 16], [f32; 16]); 4] = [pair_of(1), pair_of(2), pair_of(4), pair_of(8)];
+
+/// One block of 256 numbers at `src` rotated (`rotated::rotate`) into `dst`; returns the lanes'
+/// largest magnitudes.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `src` and `dst` hold 256 floats.
+#[inline(always)]
+unsafe fn rotate_block(src: *const f32, dst: *mut f32) -> __m512 {
+    let mut v = [_mm512_setzero_ps(); 16];
+    for (i, r) in v.iter_mut().enumerate() {
+        let s = _mm512_loadu_ps(SIGNS.as_ptr().add(16 * i));
+        *r = _mm512_mul_ps(_mm512_loadu_ps(src.add(16 * i)), s);
+    }
+    for (idx, sgn) in &PAIRS {
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        let sgn = _mm512_loadu_ps(sgn.as_ptr());
+        for r in v.iter_mut() {
+            // Lane j with bit h clear: x[j] + x[j + h]; set: x[j - h] - x[j], one rounding.
+            *r = _mm512_fmadd_ps(sgn, *r, _mm512_permutexvar_ps(idx, *r));
+        }
+    }
+    for d in [1, 2, 4, 8] {
+        for i in 0..16 {
+            if i & d == 0 {
+                let (a, b) = (v[i], v[i + d]);
+                v[i] = _mm512_add_ps(a, b);
+                v[i + d] = _mm512_sub_ps(a, b);
+            }
+        }
+    }
+    let mut top = _mm512_setzero_ps();
+    for (i, r) in v.iter().enumerate() {
+        _mm512_storeu_ps(dst.add(16 * i), *r);
+        top = _mm512_max_ps(top, _mm512_abs_ps(*r));
+    }
+    top
+}
+
+/// Activation rows `r0..r0 + 16` of `x` (`k` columns, a multiple of 256; rows past `m` zero)
+/// rotated and rounded to int8 into their tile of rows `out` (`k / 64` tiles of 16 lines: line
+/// `c * 16 + r % 16` holds row `r`'s columns `64c..64c + 64`); `scales[i]` gets row `r0 + i`'s
+/// scale (zero past `m`). `buf` is scratch.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn to_tiles(
+    x: &[f32],
+    (m, k): (usize, usize),
+    r0: usize,
+    out: &mut [Line],
+    scales: &mut [f32],
+    buf: &mut Vec<f32>,
+) {
+    let steps = k / STEP;
+    assert!(out.len() == steps * ROWS && x.len() >= m * k && scales.len() == ROWS);
+    assert!(k.is_multiple_of(BLOCK) && r0 < m.next_multiple_of(ROWS));
+    buf.resize(k, 0.0);
+    for (i, scale) in scales.iter_mut().enumerate() {
+        let r = r0 + i;
+        let mut inv = 0.0;
+        *scale = 0.0;
+        if r < m {
+            let row = x.as_ptr().add(r * k);
+            let mut top = _mm512_setzero_ps();
+            for b in (0..k).step_by(BLOCK) {
+                top = _mm512_max_ps(top, rotate_block(row.add(b), buf.as_mut_ptr().add(b)));
+            }
+            (inv, *scale) = row_scale(_mm512_reduce_max_ps(top));
+        }
+        if inv == 0.0 {
+            out.iter_mut()
+                .skip(i)
+                .step_by(ROWS)
+                .for_each(|l| *l = Line::default());
+            continue;
+        }
+        let inv = _mm512_set1_ps(inv);
+        for c in 0..steps {
+            let line = out.as_mut_ptr().add(c * ROWS + i) as *mut u8;
+            for q in 0..4 {
+                let v = _mm512_mul_ps(_mm512_loadu_ps(buf.as_ptr().add(STEP * c + 16 * q)), inv);
+                let b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v));
+                _mm_storeu_si128(line.add(16 * q) as *mut __m128i, b);
+            }
+        }
+    }
+}
+
+/// One step of 64 columns for two tiles of activation rows against the strip's two B tiles,
+/// the step's tiles already in tmm4 (rows `a0`), tmm5 (rows `a1`), tmm6 and tmm7 (weights);
+/// each operand of the next step (`na0`, `na1`, `nb`) is loaded as soon as this step's last
+/// product reading its register is issued.
+macro_rules! step2 {
+    ($na0:expr, $na1:expr, $nb:expr) => {
+        asm!(
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm4, tmm7",
+            "tileloadd tmm4, [{a0} + {s}*1]",
+            "tdpbssd tmm2, tmm5, tmm6",
+            "tileloadd tmm6, [{b} + {s}*1]",
+            "tdpbssd tmm3, tmm5, tmm7",
+            "tileloadd tmm5, [{a1} + {s}*1]",
+            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
+            a0 = in(reg) $na0,
+            a1 = in(reg) $na1,
+            b = in(reg) $nb,
+            s = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// Loads a step's operands for `step2`.
+macro_rules! load2 {
+    ($a0:expr, $a1:expr, $b:expr) => {
+        asm!(
+            "tileloadd tmm4, [{a0} + {s}*1]",
+            "tileloadd tmm6, [{b} + {s}*1]",
+            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
+            "tileloadd tmm5, [{a1} + {s}*1]",
+            a0 = in(reg) $a0,
+            a1 = in(reg) $a1,
+            b = in(reg) $b,
+            s = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// As `step2` for one tile of activation rows.
+macro_rules! step1 {
+    ($a0:expr, $b:expr) => {
+        asm!(
+            "tileloadd tmm4, [{a0} + {s}*1]",
+            "tileloadd tmm6, [{b} + {s}*1]",
+            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm4, tmm7",
+            a0 = in(reg) $a0,
+            b = in(reg) $b,
+            s = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// Loads (or, on the first block of columns, zeroes) a tile of rows' sums of the strip's two
+/// column tiles from `c`.
+macro_rules! sums_in {
+    ($first:expr, $c:expr, $t0:literal, $t1:literal) => {
+        if $first {
+            asm!(concat!("tilezero ", $t0), concat!("tilezero ", $t1), options(nostack, nomem));
+        } else {
+            asm!(
+                concat!("tileloadd ", $t0, ", [{p} + {s}*1]"),
+                concat!("tileloadd ", $t1, ", [{p} + {s}*1 + 64]"),
+                p = in(reg) $c.at,
+                s = in(reg) $c.stride,
+                options(nostack, readonly),
+            );
+        }
+    };
+}
+
+macro_rules! sums_out {
+    ($c:expr, $t0:literal, $t1:literal) => {
+        asm!(
+            concat!("tilestored [{p} + {s}*1], ", $t0),
+            concat!("tilestored [{p} + {s}*1 + 64], ", $t1),
+            p = in(reg) $c.at,
+            s = in(reg) $c.stride,
+            options(nostack),
+        )
+    };
+}
+
+/// Where a tile of rows' sums of a strip waits between blocks of columns: in the output
+/// (`stride` bytes between rows) or, for a last tile of fewer than sixteen rows, in `tail`.
+#[derive(Clone, Copy)]
+struct Sums {
+    at: *mut f32,
+    stride: usize,
+}
+
+/// Weight rows `32 s0..32 s1` of `w` against activation rows `0..m` (`acts` from `to_tiles`,
+/// their scales `act_scales`): row `r`'s result for weight row `32 s0 + j` to `out[r * n + j]`.
+/// `tail` is the call's scratch.
+///
+/// # Safety
+/// The CPU has AMX-INT8 (with the tile permission) and AVX-512 F; `s1 <= w.rows / 32`; `acts`
+/// holds `m` rows over `w.cols` columns in tile order; `out` is valid for writes of `m * n`
+/// floats, `n >= 32 (s1 - s0)`, and columns `0..32 (s1 - s0)` of every row belong to this call
+/// alone.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn products(
+    w: &RotatedInt8,
+    (s0, s1): (usize, usize),
+    acts: &[Line],
+    (m, act_scales): (usize, &[f32]),
+    out: *mut f32,
+    n: usize,
+    tail: &mut Vec<f32>,
+) {
+    let steps = w.cols / STEP;
+    let tiles = m.div_ceil(ROWS);
+    // Steps per block of columns: the block's activation tiles stay in L2 across the strips.
+    let block = (ACT_BLOCK_BYTES / (tiles * ROWS * STEP)).clamp(1, steps);
+    let partial = !m.is_multiple_of(ROWS);
+    tail.resize(if partial { (s1 - s0) * ROWS * STRIP } else { 0 }, 0.0);
+    let tail_at = tail.as_mut_ptr();
+    load_config(&TILES);
+    for c0 in (0..steps).step_by(block) {
+        let first = c0 == 0;
+        let block_steps = (c0 + block).min(steps) - c0;
+        // The next strip's B tiles are prefetched into L2 a few lines per step, spread over this
+        // strip's steps: its first tile of rows would otherwise wait on memory for every step.
+        let pf_lines = block_steps * 2 * ROWS;
+        let pf_per = pf_lines.div_ceil(tiles.div_ceil(2) * block_steps);
+        for s in s0..s1 {
+            let b = w.lines.as_ptr().add((s * steps + c0) * 2 * ROWS);
+            let next = w.lines.as_ptr().add(((s + 1) * steps + c0) * 2 * ROWS);
+            let mut pf = if s + 1 < s1 { 0 } else { pf_lines };
+            let sums = |t: usize| match partial && t == tiles - 1 {
+                true => Sums {
+                    at: tail_at.add((s - s0) * ROWS * STRIP),
+                    stride: STRIP * 4,
+                },
+                false => Sums {
+                    at: out.add(t * ROWS * n + (s - s0) * STRIP),
+                    stride: n * 4,
+                },
+            };
+            let mut t = 0;
+            while t < tiles {
+                let a0 = acts.as_ptr().add((t * steps + c0) * ROWS);
+                let c0s = sums(t);
+                sums_in!(first, c0s, "tmm0", "tmm1");
+                if t + 1 < tiles {
+                    let c1s = sums(t + 1);
+                    sums_in!(first, c1s, "tmm2", "tmm3");
+                    let a1 = a0.add(steps * ROWS);
+                    load2!(a0, a1, b);
+                    for c in 1..=block_steps {
+                        // The step after the last loads the last again (in bounds, unused).
+                        let c = c.min(block_steps - 1);
+                        step2!(a0.add(c * ROWS), a1.add(c * ROWS), b.add(c * 2 * ROWS));
+                        let end = (pf + pf_per).min(pf_lines);
+                        while pf < end {
+                            _mm_prefetch::<_MM_HINT_T1>(next.add(pf) as *const i8);
+                            pf += 1;
+                        }
+                    }
+                    sums_out!(c0s, "tmm0", "tmm1");
+                    sums_out!(c1s, "tmm2", "tmm3");
+                    t += 2;
+                } else {
+                    for c in 0..block_steps {
+                        step1!(a0.add(c * ROWS), b.add(c * 2 * ROWS));
+                    }
+                    sums_out!(c0s, "tmm0", "tmm1");
+                    t += 1;
+                }
+            }
+        }
+    }
+    release();
+    if partial {
+        let t = tiles - 1;
+        for s in s0..s1 {
+            for r in 0..m - t * ROWS {
+                let from = tail_at.add(((s - s0) * ROWS + r) * STRIP);
+                let to = out.add((t * ROWS + r) * n + (s - s0) * STRIP);
+                std::ptr::copy_nonoverlapping(from, to, STRIP);
+            }
+        }
+    }
+    finish(out, n, m, &w.scale[s0 * STRIP..s1 * STRIP], act_scales);
+}
+
+/// Rows `0..m` of `out` (`n` floats apart), columns `0..weights.len()` (a multiple of 16), hold
+/// integer sums (their bits): each becomes `sum * (acts[r] * weights[c])`.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `out` is valid for `m` rows of `n >= weights.len()` floats; `acts`
+/// holds `m` scales.
+#[target_feature(enable = "avx512f")]
+unsafe fn finish(out: *mut f32, n: usize, m: usize, weights: &[f32], acts: &[f32]) {
+    assert!(acts.len() >= m && weights.len().is_multiple_of(16));
+    for (r, &a) in acts.iter().enumerate().take(m) {
+        let row = out.add(r * n);
+        let a = _mm512_set1_ps(a);
+        for c in (0..weights.len()).step_by(16) {
+            let sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(row.add(c) as *const _));
+            let s = _mm512_mul_ps(a, _mm512_loadu_ps(weights.as_ptr().add(c)));
+            _mm512_storeu_ps(row.add(c), _mm512_mul_ps(sums, s));
+        }
+    }
+}
