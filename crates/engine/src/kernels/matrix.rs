@@ -271,6 +271,12 @@ impl QMatrix {
         }
     }
 
+    /// The matrix rotated and rounded to int8 per row in the tiles' order (`rotated::RotatedInt8`,
+    /// what prompt rows read under `PLD_PROMPT_ROWS=int8`); whole strips and blocks only.
+    pub fn rotated_int8(&self) -> super::rotated::RotatedInt8 {
+        super::rotated::RotatedInt8::of(self.rows, self.cols, &|r, out| self.dequantize_row(r, out))
+    }
+
     /// All of the matrix as f32 (tests and small tensors).
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];

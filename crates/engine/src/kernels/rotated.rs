@@ -16,7 +16,6 @@
 //! depends on the row alone. This module is the arithmetic's plain definition; the tile kernel
 //! (`x86::amx_prompt_int8`) gives the same bits.
 
-use super::matrix::QMatrix;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes held by every `RotatedInt8` alive in this process.
@@ -140,22 +139,22 @@ impl RotatedInt8 {
         rows.is_multiple_of(STRIP) && cols.is_multiple_of(BLOCK) && cols > 0
     }
 
-    /// The copy of `w` (`fits`), its strips made on the pool's threads.
-    pub fn of(w: &QMatrix) -> RotatedInt8 {
-        let (rows, cols) = (w.rows, w.cols);
+    /// The copy of a `rows x cols` matrix (`fits`) whose row `r` `row(r, out)` writes as f32
+    /// (`QMatrix::dequantize_row`), its strips made on the pool's threads.
+    pub fn of(rows: usize, cols: usize, row: &(dyn Fn(usize, &mut [f32]) + Sync)) -> RotatedInt8 {
         assert!(Self::fits(rows, cols), "{rows} x {cols}");
         let steps = cols / STEP;
         let mut lines = vec![Line::default(); rows * cols / 64];
         let scale = std::sync::Mutex::new(vec![0f32; rows]);
         let strip_lines = steps * 2 * 16;
         super::par_chunks_mut(&mut lines, strip_lines, &|s, out| {
-            let mut row = vec![0f32; cols];
+            let mut v = vec![0f32; cols];
             let mut q = vec![0i8; cols];
             let mut scales = [0f32; STRIP];
             for (j, sc) in scales.iter_mut().enumerate() {
-                w.dequantize_row(s * STRIP + j, &mut row);
-                rotate(&mut row);
-                *sc = quantize_row(&row, &mut q);
+                row(s * STRIP + j, &mut v);
+                rotate(&mut v);
+                *sc = quantize_row(&v, &mut q);
                 let (h, l) = (j / 16, j % 16);
                 for (c, chunk) in q.chunks_exact(STEP).enumerate() {
                     for (i, four) in chunk.chunks_exact(4).enumerate() {

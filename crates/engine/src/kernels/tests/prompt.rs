@@ -51,7 +51,7 @@ fn prompt_rows_match_their_arithmetic() {
         if prompt_arithmetic().starts_with("rotated int8") {
             // `PLD_PROMPT_ROWS=int8`: the rotated arithmetic's plain definition, bit for bit.
             let mut want = vec![0f32; m * rows];
-            rotated::products_scalar(&x, m, &rotated::RotatedInt8::of(&w), &mut want);
+            rotated::products_scalar(&x, m, &w.rotated_int8(), &mut want);
             let differ = got
                 .iter()
                 .zip(&want)
@@ -183,7 +183,7 @@ fn rotated_int8_tiles_match_their_plain_definition() {
             out
         };
         let got = run(&x, m);
-        let copy = rotated::RotatedInt8::of(&w);
+        let copy = w.rotated_int8();
         let mut want = vec![0f32; m * rows];
         rotated::products_scalar(&x, m, &copy, &mut want);
         let differ = got
@@ -222,7 +222,7 @@ fn rotated_int8_keeps_the_products() {
     assert!((plain - turned).abs() < 1e-4 * dot(&a, &a).sqrt() * dot(&b, &b).sqrt());
     let (rows, cols, m) = (64, 1024, 9);
     let w = matrix(GgmlDType::Q4K, rows, cols, 162);
-    let copy = rotated::RotatedInt8::of(&w);
+    let copy = w.rotated_int8();
     let x = random_vec(m * cols, 163);
     let mut got = vec![0f32; m * rows];
     rotated::products_scalar(&x, m, &copy, &mut got);

@@ -136,7 +136,7 @@ fn on_rotated(w: &QMatrix) -> bool {
 /// `w`'s rotated copy, made on first use (on the pool's threads: not from inside a pool job).
 fn rotated_copy(w: &QMatrix) -> &RotatedInt8 {
     let p = w.packed.as_ref().expect("on_rotated: packed");
-    p.rotated.get_or_init(|| RotatedInt8::of(w))
+    p.rotated.get_or_init(|| w.rotated_int8())
 }
 
 thread_local! {
