@@ -261,3 +261,19 @@ fn prompt_rows_setting_parses_and_names_bad_values() {
     let e = parse(Some("fp8")).unwrap_err();
     assert!(e.contains("fp8") && e.contains("int8"), "{e}");
 }
+
+/// `quantize_row`'s rounding is `round_ties_even` over the range it rounds, ties included.
+#[test]
+fn rotated_rounding_is_to_nearest_even() {
+    let mut v: Vec<f32> = (-1280..=1280).map(|i| i as f32 / 10.0).collect();
+    v.extend((-255..=255).map(|i| i as f32 / 2.0 + 0.0001 * (i % 3) as f32));
+    v.push(127.0);
+    let mut q = vec![0i8; v.len()];
+    let scale = rotated::quantize_row(&v, &mut q);
+    let (inv, want_scale) = rotated::row_scale(128.0);
+    assert_eq!(scale, want_scale);
+    for (&x, &got) in v.iter().zip(&q) {
+        let want = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        assert_eq!(got, want, "{x}");
+    }
+}
