@@ -7,8 +7,9 @@
 //! - Weights: the matrix's `RotatedInt8` copy, already in the tiles' order: the products read
 //!   their B tiles straight from it.
 //! - Sums: exact 32-bit integers over every column; between blocks of columns they wait in the
-//!   output and are loaded again; at the end (`finish`) each becomes `sum * (row scale * weight
-//!   scale)`.
+//!   output and are loaded again; after the last block a tile of rows' sums goes to a small
+//!   buffer, and from there (`finish`) each becomes `sum * (row scale * weight scale)` in the
+//!   output.
 
 use super::amx::{load_config, release, Config};
 use crate::kernels::packed::ROWS;
@@ -248,12 +249,23 @@ pub(crate) unsafe fn products(
     // Steps per block of columns: the block's activation tiles stay in L2 across the strips.
     let block = (ACT_BLOCK_BYTES / (tiles * ROWS * STEP)).clamp(1, steps);
     let partial = !m.is_multiple_of(ROWS);
-    tail.resize(if partial { (s1 - s0) * ROWS * STRIP } else { 0 }, 0.0);
+    // Sums of a part tile wait between blocks in `tail`, not in the output (whose rows past `m`
+    // do not exist).
+    tail.resize(
+        if partial && block < steps {
+            (s1 - s0) * ROWS * STRIP
+        } else {
+            0
+        },
+        0.0,
+    );
     let tail_at = tail.as_mut_ptr();
+    let mut fin = [Line::default(); 2 * ROWS * STRIP * 4 / 64];
     load_config(&TILES);
     for c0 in (0..steps).step_by(block) {
         let first = c0 == 0;
         let block_steps = (c0 + block).min(steps) - c0;
+        let last = c0 + block_steps == steps;
         // The next strip's B tiles are prefetched into L2 a few lines per step, spread over this
         // strip's steps: its first tile of rows would otherwise wait on memory for every step.
         let pf_lines = block_steps * 2 * ROWS;
@@ -272,14 +284,36 @@ pub(crate) unsafe fn products(
                     stride: n * 4,
                 },
             };
+            // On the last block the sums go to `fin`, a tile of rows at a time, and are
+            // finished from there into the output: they never wait in the output as integers.
+            let fin_at = fin.as_mut_ptr() as *mut f32;
+            let to = |t: usize, i: usize| match last {
+                true => Sums {
+                    at: fin_at.add(i * ROWS * STRIP),
+                    stride: STRIP * 4,
+                },
+                false => sums(t),
+            };
+            let done = |t: usize, i: usize| {
+                if last {
+                    let rows = (m - t * ROWS).min(ROWS);
+                    let at = out.add(t * ROWS * n + (s - s0) * STRIP);
+                    let acts = &act_scales[t * ROWS..t * ROWS + rows];
+                    finish(
+                        fin_at.add(i * ROWS * STRIP),
+                        at,
+                        n,
+                        acts,
+                        &w.scale[s * STRIP..][..STRIP],
+                    );
+                }
+            };
             let mut t = 0;
             while t < tiles {
                 let a0 = acts.as_ptr().add((t * steps + c0) * ROWS);
-                let c0s = sums(t);
-                sums_in!(first, c0s, "tmm0", "tmm1");
+                sums_in!(first, sums(t), "tmm0", "tmm1");
                 if t + 1 < tiles {
-                    let c1s = sums(t + 1);
-                    sums_in!(first, c1s, "tmm2", "tmm3");
+                    sums_in!(first, sums(t + 1), "tmm2", "tmm3");
                     let a1 = a0.add(steps * ROWS);
                     load2!(a0, a1, b);
                     for c in 1..=block_steps {
@@ -292,49 +326,48 @@ pub(crate) unsafe fn products(
                             pf += 1;
                         }
                     }
-                    sums_out!(c0s, "tmm0", "tmm1");
-                    sums_out!(c1s, "tmm2", "tmm3");
+                    sums_out!(to(t, 0), "tmm0", "tmm1");
+                    sums_out!(to(t + 1, 1), "tmm2", "tmm3");
+                    done(t, 0);
+                    done(t + 1, 1);
                     t += 2;
                 } else {
                     for c in 0..block_steps {
                         step1!(a0.add(c * ROWS), b.add(c * 2 * ROWS));
                     }
-                    sums_out!(c0s, "tmm0", "tmm1");
+                    sums_out!(to(t, 0), "tmm0", "tmm1");
+                    done(t, 0);
                     t += 1;
                 }
             }
         }
     }
     release();
-    if partial {
-        let t = tiles - 1;
-        for s in s0..s1 {
-            for r in 0..m - t * ROWS {
-                let from = tail_at.add(((s - s0) * ROWS + r) * STRIP);
-                let to = out.add((t * ROWS + r) * n + (s - s0) * STRIP);
-                std::ptr::copy_nonoverlapping(from, to, STRIP);
-            }
-        }
-    }
-    finish(out, n, m, &w.scale[s0 * STRIP..s1 * STRIP], act_scales);
 }
 
-/// Rows `0..m` of `out` (`n` floats apart), columns `0..weights.len()` (a multiple of 16), hold
-/// integer sums (their bits): each becomes `sum * (acts[r] * weights[c])`.
+/// One tile of rows' integer sums of a strip, `ROWS x 32` at `sums` (their bits, rows 32 apart),
+/// finished into `out` (rows `n` floats apart): row `r`, column `c` becomes
+/// `sum * (acts[r] * weights[c])`, for the rows of `acts` (the tile's rows below `m`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F; `out` is valid for `m` rows of `n >= weights.len()` floats; `acts`
-/// holds `m` scales.
+/// The CPU has AVX-512 F; `sums` holds `ROWS * 32` values; `out` is valid for `acts.len()` rows
+/// of 32 floats, `n` apart; `weights` holds 32 scales.
+#[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn finish(out: *mut f32, n: usize, m: usize, weights: &[f32], acts: &[f32]) {
-    assert!(acts.len() >= m && weights.len().is_multiple_of(16));
-    for (r, &a) in acts.iter().enumerate().take(m) {
-        let row = out.add(r * n);
+unsafe fn finish(sums: *const f32, out: *mut f32, n: usize, acts: &[f32], weights: &[f32]) {
+    let w = [
+        _mm512_loadu_ps(weights.as_ptr()),
+        _mm512_loadu_ps(weights.as_ptr().add(16)),
+    ];
+    for (r, &a) in acts.iter().enumerate() {
         let a = _mm512_set1_ps(a);
-        for c in (0..weights.len()).step_by(16) {
-            let sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(row.add(c) as *const _));
-            let s = _mm512_mul_ps(a, _mm512_loadu_ps(weights.as_ptr().add(c)));
-            _mm512_storeu_ps(row.add(c), _mm512_mul_ps(sums, s));
+        for (h, &wh) in w.iter().enumerate() {
+            let at = sums.add(r * STRIP + 16 * h);
+            let v = _mm512_cvtepi32_ps(_mm512_loadu_si512(at as *const _));
+            _mm512_storeu_ps(
+                out.add(r * n + 16 * h),
+                _mm512_mul_ps(v, _mm512_mul_ps(a, wh)),
+            );
         }
     }
 }
