@@ -12,9 +12,9 @@
 //!   output.
 
 use super::amx::{load_config, release, Config};
+use super::tile_steps::{load2, step1, step2, sums_in, sums_out, Sums};
 use crate::kernels::packed::ROWS;
 use crate::kernels::rotated::{row_scale, Line, RotatedInt8, BLOCK, SIGNS, STEP, STRIP};
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 /// Bytes of activation tiles a block of columns keeps in L2 across the strips of a work item.
@@ -128,102 +128,6 @@ pub(crate) unsafe fn to_tiles(
     }
 }
 
-/// One step of 64 columns for two tiles of activation rows against the strip's two B tiles,
-/// the step's tiles already in tmm4 (rows `a0`), tmm5 (rows `a1`), tmm6 and tmm7 (weights);
-/// each operand of the next step (`na0`, `na1`, `nb`) is loaded as soon as this step's last
-/// product reading its register is issued.
-macro_rules! step2 {
-    ($na0:expr, $na1:expr, $nb:expr) => {
-        asm!(
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm4, tmm7",
-            "tileloadd tmm4, [{a0} + {s}*1]",
-            "tdpbssd tmm2, tmm5, tmm6",
-            "tileloadd tmm6, [{b} + {s}*1]",
-            "tdpbssd tmm3, tmm5, tmm7",
-            "tileloadd tmm5, [{a1} + {s}*1]",
-            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
-            a0 = in(reg) $na0,
-            a1 = in(reg) $na1,
-            b = in(reg) $nb,
-            s = in(reg) 64usize,
-            options(nostack, readonly),
-        )
-    };
-}
-
-/// Loads a step's operands for `step2`.
-macro_rules! load2 {
-    ($a0:expr, $a1:expr, $b:expr) => {
-        asm!(
-            "tileloadd tmm4, [{a0} + {s}*1]",
-            "tileloadd tmm6, [{b} + {s}*1]",
-            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
-            "tileloadd tmm5, [{a1} + {s}*1]",
-            a0 = in(reg) $a0,
-            a1 = in(reg) $a1,
-            b = in(reg) $b,
-            s = in(reg) 64usize,
-            options(nostack, readonly),
-        )
-    };
-}
-
-/// As `step2` for one tile of activation rows.
-macro_rules! step1 {
-    ($a0:expr, $b:expr) => {
-        asm!(
-            "tileloadd tmm4, [{a0} + {s}*1]",
-            "tileloadd tmm6, [{b} + {s}*1]",
-            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm4, tmm7",
-            a0 = in(reg) $a0,
-            b = in(reg) $b,
-            s = in(reg) 64usize,
-            options(nostack, readonly),
-        )
-    };
-}
-
-/// Loads (or, on the first block of columns, zeroes) a tile of rows' sums of the strip's two
-/// column tiles from `c`.
-macro_rules! sums_in {
-    ($first:expr, $c:expr, $t0:literal, $t1:literal) => {
-        if $first {
-            asm!(concat!("tilezero ", $t0), concat!("tilezero ", $t1), options(nostack, nomem));
-        } else {
-            asm!(
-                concat!("tileloadd ", $t0, ", [{p} + {s}*1]"),
-                concat!("tileloadd ", $t1, ", [{p} + {s}*1 + 64]"),
-                p = in(reg) $c.at,
-                s = in(reg) $c.stride,
-                options(nostack, readonly),
-            );
-        }
-    };
-}
-
-macro_rules! sums_out {
-    ($c:expr, $t0:literal, $t1:literal) => {
-        asm!(
-            concat!("tilestored [{p} + {s}*1], ", $t0),
-            concat!("tilestored [{p} + {s}*1 + 64], ", $t1),
-            p = in(reg) $c.at,
-            s = in(reg) $c.stride,
-            options(nostack),
-        )
-    };
-}
-
-/// Where a tile of rows' sums of a strip waits between blocks of columns: in the output
-/// (`stride` bytes between rows) or, for a last tile of fewer than sixteen rows, in `tail`.
-#[derive(Clone, Copy)]
-struct Sums {
-    at: *mut f32,
-    stride: usize,
-}
-
 /// Weight rows `32 s0..32 s1` of `w` against activation rows `0..m` (`acts` from `to_tiles`,
 /// their scales `act_scales`): row `r`'s result for weight row `32 s0 + j` to `out[r * n + j]`.
 /// `tail` is the call's scratch.
@@ -319,7 +223,12 @@ pub(crate) unsafe fn products(
                     for c in 1..=block_steps {
                         // The step after the last loads the last again (in bounds, unused).
                         let c = c.min(block_steps - 1);
-                        step2!(a0.add(c * ROWS), a1.add(c * ROWS), b.add(c * 2 * ROWS));
+                        step2!(
+                            "tdpbssd",
+                            a0.add(c * ROWS),
+                            a1.add(c * ROWS),
+                            b.add(c * 2 * ROWS)
+                        );
                         let end = (pf + pf_per).min(pf_lines);
                         while pf < end {
                             _mm_prefetch::<_MM_HINT_T1>(next.add(pf) as *const i8);
@@ -333,7 +242,7 @@ pub(crate) unsafe fn products(
                     t += 2;
                 } else {
                     for c in 0..block_steps {
-                        step1!(a0.add(c * ROWS), b.add(c * 2 * ROWS));
+                        step1!("tdpbssd", a0.add(c * ROWS), b.add(c * 2 * ROWS));
                     }
                     sums_out!(to(t, 0), "tmm0", "tmm1");
                     done(t, 0);

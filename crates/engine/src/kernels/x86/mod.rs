@@ -1,7 +1,8 @@
 //! The x86-64 kernels, by family: `products` (quantized products over weights in their GGUF
 //! layout), `packed` (the same over the interleaved layout, its integer sums in `sums`),
 //! `amx` (the packed products on AMX int8 tiles, for many generated rows),
-//! `amx_prompt` (prompt rows' products on bf16 tiles), `attention` (with `online_softmax`, its
+//! `amx_prompt` (prompt rows' products on bf16 tiles; `amx_prompt_int8` on rotated int8 tiles,
+//! their steps shared in `tile_steps`), `attention` (with `online_softmax`, its
 //! weights of a block; `q8_attention` over a q8 cache; `amx_attention` over a bf16 cache on
 //! tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax, SwiGLU). `classes`
 //! says which of them each x86 class runs (its table). All are `unsafe`: they may only run on a CPU with the features their
@@ -24,6 +25,7 @@ mod peak;
 mod products;
 mod q8_attention;
 mod sums;
+mod tile_steps;
 mod width;
 
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
