@@ -174,6 +174,16 @@ impl Model {
                 },
             });
         }
+        for layer in &layers {
+            let a = &layer.attn;
+            let mut prompt_rows = vec![&a.wq, &a.wk, &a.wv, &a.wo];
+            if let Ffn::Dense { gate, up, down } = &layer.mlp.ffn {
+                prompt_rows.extend([gate, up, down]);
+            }
+            prompt_rows
+                .into_iter()
+                .for_each(kernels::prepare_prompt_rows);
+        }
         let token_embd = weights::matrix(file, "token_embd.weight")?;
         // Tied embeddings: without an output matrix the embedding table doubles as the head.
         let output = if file.has_tensor("output.weight") {

@@ -212,11 +212,6 @@ impl QMatrix {
             if let Some(f) = Format::from_type(self.dtype) {
                 self.packed = packed::Packed::new(f, self.rows, self.cols, self.bytes.as_slice())
                     .map(Arc::new);
-                if let Some(p) = isa.kernels().prompt_rows.as_ref() {
-                    if let Some(prepare) = p.prepare.filter(|_| (p.takes)(&self)) {
-                        prepare(&self);
-                    }
-                }
                 if self.packed.is_some() {
                     self.bytes.release_pages();
                 }

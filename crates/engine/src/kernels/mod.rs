@@ -72,8 +72,8 @@ pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub(crate) use online_softmax::ATTENTION_BLOCK;
 pub use parallel::{par_chunks_mut, par_split_mut};
 pub use prompt::{
-    gated_ffn_rows, matmul_many_rows, prompt_arithmetic, prompt_arithmetic_differs, GatedFfn,
-    RowKind,
+    gated_ffn_rows, matmul_many_rows, prepare_prompt_rows, prompt_arithmetic,
+    prompt_arithmetic_differs, GatedFfn, RowKind,
 };
 pub use table::Kernels;
 

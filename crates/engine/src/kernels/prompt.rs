@@ -32,6 +32,21 @@ pub fn prompt_arithmetic() -> &'static str {
         .map_or("as generated", |p| p.name)
 }
 
+/// Makes what the class's prompt rows read beside `w`'s packed weights, where they read a copy
+/// of their own (`PLD_PROMPT_ROWS=int8`): at load, for the matrices prompt rows multiply (a
+/// layer's attention and dense feed-forward; not a mixture's experts nor the output head, which
+/// take the generated rows' arithmetic), so that the first prompt does not wait for it.
+pub fn prepare_prompt_rows(w: &QMatrix) {
+    let Some(p) = isa().kernels().prompt_rows.as_ref() else {
+        return;
+    };
+    if let Some(prepare) = p.prepare.filter(|_| (p.takes)(w)) {
+        prepare(w);
+        // The copy read the file's bytes again; the products read the packed ones.
+        w.bytes.release_pages();
+    }
+}
+
 /// A gated feed-forward block's matrices and activation: `down(activation(gate(x), up(x)))`,
 /// where `activation(g, u)` overwrites `g` with its result number by number.
 pub struct GatedFfn<'a> {

@@ -127,8 +127,7 @@ pub(super) struct PromptRows {
     /// `m * down.rows` floats.
     pub ffn: Option<PromptFfn>,
     /// Makes what the products read beside the packed weights (a copy of its own), for a
-    /// matrix that `takes` it, when the matrix is packed for the class: at load, not in the
-    /// first prompt's time.
+    /// matrix that `takes` it (`kernels::prepare_prompt_rows`, at load).
     pub prepare: Option<fn(&QMatrix)>,
 }
 
