@@ -176,8 +176,11 @@ pub(crate) unsafe fn products(
         let pf_per = pf_lines.div_ceil(tiles.div_ceil(2) * block_steps);
         for s in s0..s1 {
             let b = w.lines.as_ptr().add((s * steps + c0) * 2 * ROWS);
-            let next = w.lines.as_ptr().add(((s + 1) * steps + c0) * 2 * ROWS);
-            let mut pf = if s + 1 < s1 { 0 } else { pf_lines };
+            // The last strip of the call prefetches nothing (and points at its own tiles).
+            let (next, mut pf) = match s + 1 < s1 {
+                true => (w.lines.as_ptr().add(((s + 1) * steps + c0) * 2 * ROWS), 0),
+                false => (b, pf_lines),
+            };
             let sums = |t: usize| match partial && t == tiles - 1 {
                 true => Sums {
                     at: tail_at.add((s - s0) * ROWS * STRIP),
