@@ -2,8 +2,9 @@
 //! grants the tile state. Passes over many generated rows take int8 tiles (`x86::amx`), the
 //! same bits as Avx512Vnni; with AMX-BF16, attention over a bf16 cache takes bf16 tiles
 //! (`x86::amx_attention`), and with AVX-512 VBMI besides, a prompt's rows take bf16 tiles over
-//! Q4_K and Q6_K weights (`x86::amx_prompt`), arithmetics of their own. Everything else as
-//! Avx512Vnni.
+//! Q4_K and Q6_K weights (`x86::amx_prompt`), or with `PLD_PROMPT_ROWS=int8` rotated int8 tiles
+//! over a copy made at load (`x86::amx_prompt_int8`), arithmetics of their own. Everything else
+//! as Avx512Vnni.
 
 use super::super::{
     attend_rows_amx, bf16_tiles, packed_rows_amx, peak_amx, peak_amx_bf16, prompt_products,
