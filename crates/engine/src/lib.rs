@@ -80,9 +80,8 @@ impl LoadedModel {
     /// `load` with the weight matrices held at `precision` (f32 only to check arithmetic).
     pub fn load_with(path: &Path, precision: weights::Precision) -> Result<Self> {
         let file = gguf::GgufFile::open(path)?;
-        let copies = kernels::rotated::copy_bytes();
         let model = Model::load_with(&file, precision)?;
-        let copy = kernels::rotated::copy_bytes().saturating_sub(copies);
+        let copy = model.prompt_copy_bytes();
         if copy > 0 {
             tracing::info!(
                 copy_bytes = copy,

@@ -174,16 +174,6 @@ impl Model {
                 },
             });
         }
-        for layer in &layers {
-            let a = &layer.attn;
-            let mut prompt_rows = vec![&a.wq, &a.wk, &a.wv, &a.wo];
-            if let Ffn::Dense { gate, up, down } = &layer.mlp.ffn {
-                prompt_rows.extend([gate, up, down]);
-            }
-            prompt_rows
-                .into_iter()
-                .for_each(kernels::prepare_prompt_rows);
-        }
         let token_embd = weights::matrix(file, "token_embd.weight")?;
         // Tied embeddings: without an output matrix the embedding table doubles as the head.
         let output = if file.has_tensor("output.weight") {
@@ -192,14 +182,26 @@ impl Model {
             weights::for_products(token_embd.clone(), precision, isa)
         };
         let kv_dtype = KvDtype::auto(c.head_dim);
-        Ok(Model {
+        let model = Model {
             output_norm: vector("output_norm.weight", d)?,
             config: c,
             token_embd,
             layers,
             output,
             kv_dtype,
-        })
+        };
+        // Prompt rows multiply the layers' projections (not the experts nor the head): where
+        // their arithmetic reads a copy of its own, it is made now, not in the first prompt.
+        model
+            .layer_matrices()
+            .for_each(kernels::prepare_prompt_rows);
+        Ok(model)
+    }
+
+    /// Bytes of the copies of the weights that prompt rows read beside the model's own
+    /// (`PLD_PROMPT_ROWS=int8`; zero otherwise).
+    pub fn prompt_copy_bytes(&self) -> usize {
+        self.layer_matrices().map(kernels::prompt_copy_bytes).sum()
     }
 
     /// Bytes of weights one decode step reads: every layer matrix and the output head (the
@@ -301,17 +303,19 @@ impl Model {
     /// Every matrix a token's pass multiplies by, but for the mixtures of experts: each layer's
     /// projections and the output head.
     fn token_matrices(&self) -> impl Iterator<Item = &QMatrix> {
-        self.layers
-            .iter()
-            .flat_map(|l| {
-                let a = &l.attn;
-                let dense = match &l.mlp.ffn {
-                    Ffn::Dense { gate, up, down } => vec![gate, up, down],
-                    Ffn::Experts(_) => Vec::new(),
-                };
-                [&a.wq, &a.wk, &a.wv, &a.wo].into_iter().chain(dense)
-            })
-            .chain(std::iter::once(&self.output))
+        self.layer_matrices().chain(std::iter::once(&self.output))
+    }
+
+    /// Each layer's projections: attention's and a dense feed-forward's.
+    fn layer_matrices(&self) -> impl Iterator<Item = &QMatrix> {
+        self.layers.iter().flat_map(|l| {
+            let a = &l.attn;
+            let dense = match &l.mlp.ffn {
+                Ffn::Dense { gate, up, down } => vec![gate, up, down],
+                Ffn::Experts(_) => Vec::new(),
+            };
+            [&a.wq, &a.wk, &a.wv, &a.wo].into_iter().chain(dense)
+        })
     }
 
     /// The layers' mixtures of experts (none in a dense model).

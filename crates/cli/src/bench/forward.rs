@@ -315,10 +315,9 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let f32_peak = engine::kernels::f32_peak_gmacs();
     let amx_peak = engine::kernels::amx_int8_peak_gmacs();
     let bf16_peak = engine::kernels::amx_bf16_peak_gmacs();
-    // The peak of the tiles prompt rows take: int8 for the rotated int8 arithmetic
-    // (`PLD_PROMPT_ROWS=int8`), else bf16.
+    // The peak of the tiles prompt rows take (int8 under `PLD_PROMPT_ROWS=int8`, else bf16).
     let prompt_rows = engine::kernels::prompt_arithmetic();
-    let prompt_peak = match prompt_rows.starts_with("rotated int8") {
+    let prompt_peak = match engine::kernels::prompt_rows_on_int8() {
         true => amx_peak,
         false => bf16_peak,
     };
@@ -400,7 +399,7 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         amx_int8_peak_gmacs: amx_peak,
         amx_bf16_peak_gmacs: bf16_peak,
         prompt_rows: prompt_rows.to_string(),
-        prompt_copy_bytes: engine::kernels::rotated::copy_bytes(),
+        prompt_copy_bytes: model.prompt_copy_bytes(),
         prefill_fraction_of_tile_peak: prompt_peak.map(|p| prefill_tps * macs as f64 / (p * 1e9)),
         prefill_chunk_ms: Some(prefill_s * 1e3 / chunks),
         prefill_products_share: Some(prefill_products_s / prefill_s),

@@ -73,7 +73,7 @@ pub(crate) use online_softmax::ATTENTION_BLOCK;
 pub use parallel::{par_chunks_mut, par_split_mut};
 pub use prompt::{
     gated_ffn_rows, matmul_many_rows, prepare_prompt_rows, prompt_arithmetic,
-    prompt_arithmetic_differs, GatedFfn, RowKind,
+    prompt_arithmetic_differs, prompt_copy_bytes, prompt_rows_on_int8, GatedFfn, RowKind,
 };
 pub use table::Kernels;
 

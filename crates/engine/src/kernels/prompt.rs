@@ -47,6 +47,18 @@ pub fn prepare_prompt_rows(w: &QMatrix) {
     }
 }
 
+/// Bytes of `w`'s copy for prompt rows (`prepare_prompt_rows`), zero where it has none.
+pub fn prompt_copy_bytes(w: &QMatrix) -> usize {
+    let copy = w.packed.as_ref().and_then(|p| p.rotated.get());
+    copy.map_or(0, |c| c.bytes())
+}
+
+/// Whether prompt rows take the rotated int8 arithmetic (`kernels::rotated`): the int8 tile
+/// peak is their limit, not the bf16 one.
+pub fn prompt_rows_on_int8() -> bool {
+    isa().kernels().prompt_rows.as_ref().is_some_and(|p| p.int8)
+}
+
 /// A gated feed-forward block's matrices and activation: `down(activation(gate(x), up(x)))`,
 /// where `activation(g, u)` overwrites `g` with its result number by number.
 pub struct GatedFfn<'a> {

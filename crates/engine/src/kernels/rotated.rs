@@ -16,16 +16,6 @@
 //! depends on the row alone. This module is the arithmetic's plain definition; the tile kernel
 //! (`x86::amx_prompt_int8`) gives the same bits.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Bytes held by every `RotatedInt8` alive in this process.
-static COPY_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// Bytes of the rotated copies alive in this process: memory beside the model's weights.
-pub fn copy_bytes() -> usize {
-    COPY_BYTES.load(Ordering::Relaxed)
-}
-
 /// Columns per rotated block.
 pub const BLOCK: usize = 256;
 
@@ -176,14 +166,12 @@ impl RotatedInt8 {
             let mut all = scale.lock().unwrap_or_else(|e| e.into_inner());
             all[s * STRIP..(s + 1) * STRIP].copy_from_slice(&scales);
         });
-        let copy = RotatedInt8 {
+        RotatedInt8 {
             rows,
             cols,
             lines,
             scale: scale.into_inner().unwrap_or_else(|e| e.into_inner()),
-        };
-        COPY_BYTES.fetch_add(copy.bytes(), Ordering::Relaxed);
-        copy
+        }
     }
 
     /// Bytes the copy holds.
@@ -201,12 +189,6 @@ impl RotatedInt8 {
                 self.lines[((s * steps + c) * 2 + h) * 16 + i].0[4 * l + b]
             })
             .collect()
-    }
-}
-
-impl Drop for RotatedInt8 {
-    fn drop(&mut self) {
-        COPY_BYTES.fetch_sub(self.bytes(), Ordering::Relaxed);
     }
 }
 

@@ -129,6 +129,8 @@ pub(super) struct PromptRows {
     /// Makes what the products read beside the packed weights (a copy of its own), for a
     /// matrix that `takes` it (`kernels::prepare_prompt_rows`, at load).
     pub prepare: Option<fn(&QMatrix)>,
+    /// Whether the products run on int8 tiles (else bf16): the peak they are held to.
+    pub int8: bool,
 }
 
 /// What one kernel class runs.

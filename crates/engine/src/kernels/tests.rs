@@ -2,6 +2,18 @@ use super::*;
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
+/// Whether the Amx class's kernels can run here (the OS granted the tile state and the CPU has
+/// AVX-512 VNNI besides); where not, the calling test says why as one that cannot run.
+fn amx_runs_here() -> bool {
+    let why = match isa::amx_status() {
+        Err(why) => why,
+        Ok(()) if Isa::Amx.is_available() => return true,
+        Ok(()) => "the CPU has AMX but not AVX-512 VNNI",
+    };
+    crate::cannot_run::cannot_run(why);
+    false
+}
+
 /// Deterministic pseudo-random floats in [-1, 1) (no extra dependency needed for a few tests).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

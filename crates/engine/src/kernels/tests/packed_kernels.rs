@@ -160,12 +160,7 @@ fn packed_kernels_exact_at_extreme_values() {
 #[test]
 #[ignore = "needs AMX-INT8: run with --ignored on a CPU that has it (.ci/run does)"]
 fn amx_kernels_match_the_reference_bit_for_bit() {
-    if let Err(why) = isa::amx_status() {
-        crate::cannot_run::cannot_run(why);
-        return;
-    }
-    if !Isa::Amx.is_available() {
-        crate::cannot_run::cannot_run("the CPU has AMX but not AVX-512 VNNI");
+    if !amx_runs_here() {
         return;
     }
     for (ti, &dtype) in OWN.iter().enumerate() {

@@ -48,7 +48,7 @@ fn prompt_rows_match_their_arithmetic() {
             assert_eq!(got, want, "{dtype:?} case {ci}");
             continue;
         }
-        if prompt_arithmetic().starts_with("rotated int8") {
+        if prompt_rows_on_int8() {
             // `PLD_PROMPT_ROWS=int8`: the rotated arithmetic's plain definition, bit for bit.
             let mut want = vec![0f32; m * rows];
             rotated::products_scalar(&x, m, &w.rotated_int8(), &mut want);
@@ -149,15 +149,11 @@ fn fused_feed_forward_equals_its_steps() {
 /// The rotated int8 arithmetic (`PLD_PROMPT_ROWS=int8`) on tiles gives its plain definition's
 /// bits (`rotated::products_scalar`) on the pool's threads: one row, part tiles, several blocks
 /// of columns; and a row's bits are those it gets alone.
+#[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore = "needs AMX-INT8: run with --ignored on a CPU that has it (.ci/run does)"]
 fn rotated_int8_tiles_match_their_plain_definition() {
-    if let Err(why) = isa::amx_status() {
-        crate::cannot_run::cannot_run(why);
-        return;
-    }
-    if !Isa::Amx.is_available() {
-        crate::cannot_run::cannot_run("the CPU has AMX but not AVX-512 VNNI");
+    if !amx_runs_here() {
         return;
     }
     let table = super::x86::classes::int8_prompt_table();

@@ -290,16 +290,7 @@ pub(crate) unsafe fn products(
             let b = buffer(s) as *const Line;
             next = StripDecode::new(2 * (s + 1), (u0, u1), buffer(s + 1));
             let more = s + 1 < s1;
-            let sums = |t: usize| match partial && t == tiles - 1 {
-                true => Sums {
-                    at: tail_at.add((s - s0) * ROWS * STRIP),
-                    stride: STRIP * 4,
-                },
-                false => Sums {
-                    at: out.add(t * ROWS * n + (s - s0) * STRIP),
-                    stride: n * 4,
-                },
-            };
+            let sums = |t: usize| Sums::waiting((out, n), tail_at, (s - s0, t), (tiles, partial));
             let mut t = 0;
             let mut k = 0;
             while t < tiles {

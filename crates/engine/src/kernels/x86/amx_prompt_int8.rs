@@ -181,24 +181,12 @@ pub(crate) unsafe fn products(
                 true => (w.lines.as_ptr().add(((s + 1) * steps + c0) * 2 * ROWS), 0),
                 false => (b, pf_lines),
             };
-            let sums = |t: usize| match partial && t == tiles - 1 {
-                true => Sums {
-                    at: tail_at.add((s - s0) * ROWS * STRIP),
-                    stride: STRIP * 4,
-                },
-                false => Sums {
-                    at: out.add(t * ROWS * n + (s - s0) * STRIP),
-                    stride: n * 4,
-                },
-            };
+            let sums = |t: usize| Sums::waiting((out, n), tail_at, (s - s0, t), (tiles, partial));
             // On the last block the sums go to `fin`, a tile of rows at a time, and are
             // finished from there into the output: they never wait in the output as integers.
             let fin_at = fin.as_mut_ptr() as *mut f32;
             let to = |t: usize, i: usize| match last {
-                true => Sums {
-                    at: fin_at.add(i * ROWS * STRIP),
-                    stride: STRIP * 4,
-                },
+                true => Sums::packed(fin_at.add(i * ROWS * STRIP)),
                 false => sums(t),
             };
             let done = |t: usize, i: usize| {

@@ -101,4 +101,41 @@ pub(super) struct Sums {
     pub(super) stride: usize,
 }
 
+/// Sums per row of a strip: two tiles of sixteen columns.
+const STRIP: usize = 2 * ROWS;
+
+impl Sums {
+    /// A tile of rows' sums of a strip in a side buffer at `at`: sixteen rows of 32, packed.
+    pub(super) fn packed(at: *mut f32) -> Sums {
+        Sums {
+            at,
+            stride: STRIP * 4,
+        }
+    }
+
+    /// Where tile of rows `t` (of `tiles`) of the call's strip `j` waits: the output's rows
+    /// (`n` floats apart, the call's strips from column 0), or, for the last tile where `m`
+    /// leaves it `partial`, strip `j`'s part of `tail`.
+    ///
+    /// # Safety
+    /// `out` holds `tiles * 16` rows of `n` floats (`tiles * 16 - 1` where `partial`) and
+    /// `tail` the call's strips' side buffers where `partial`.
+    pub(super) unsafe fn waiting(
+        (out, n): (*mut f32, usize),
+        tail: *mut f32,
+        (j, t): (usize, usize),
+        (tiles, partial): (usize, bool),
+    ) -> Sums {
+        match partial && t == tiles - 1 {
+            true => Sums::packed(tail.add(j * ROWS * STRIP)),
+            false => Sums {
+                at: out.add(t * ROWS * n + j * STRIP),
+                stride: n * 4,
+            },
+        }
+    }
+}
+
+use crate::kernels::packed::ROWS;
+
 pub(super) use {load2, step1, step2, sums_in, sums_out};

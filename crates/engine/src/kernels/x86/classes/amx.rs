@@ -59,6 +59,7 @@ const AMX_BF16_PROMPT: Kernels = Kernels {
         run: on_bf16_tiles,
         ffn: Some(ffn_on_bf16_tiles),
         prepare: None,
+        int8: false,
     }),
     ..AMX_BF16
 };
@@ -75,6 +76,7 @@ const AMX_INT8_PROMPT: Kernels = Kernels {
         prepare: Some(|w| {
             rotated_copy(w);
         }),
+        int8: true,
     }),
     ..AMX_BF16
 };
