@@ -15,9 +15,12 @@ fn main() {
         _ => vec![(1536, 8960), (8960, 1536)],
     };
     println!(
-        "{threads} threads, {m} rows, kernels {:?}, prompt arithmetic {}",
+        "{threads} threads, {m} rows, kernels {:?}, prompt arithmetic {}; int8 peak {:.0}, \
+         int8 tiles' {:.0} GMAC/s",
         isa(),
-        prompt_arithmetic()
+        prompt_arithmetic(),
+        int8_peak_gmacs().unwrap_or(0.0),
+        amx_int8_peak_gmacs().unwrap_or(0.0)
     );
     for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
         for &(cols, rows) in &shapes {

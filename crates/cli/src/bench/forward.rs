@@ -315,10 +315,11 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
     let f32_peak = engine::kernels::f32_peak_gmacs();
     let amx_peak = engine::kernels::amx_int8_peak_gmacs();
     let bf16_peak = engine::kernels::amx_bf16_peak_gmacs();
-    // The peak of the tiles prompt rows take (int8 under `PLD_PROMPT_ROWS=int8`, else bf16).
+    // The peak of what prompt rows run on under `PLD_PROMPT_ROWS=int8`: int8 tiles, or the
+    // vector int8 loop in a class without them; else the bf16 tiles (none in other classes).
     let prompt_rows = engine::kernels::prompt_arithmetic();
     let prompt_peak = match engine::kernels::prompt_rows_on_int8() {
-        true => amx_peak,
+        true => amx_peak.or(peak),
         false => bf16_peak,
     };
     // Seconds of compute for `tokens` rows after `before` positions of cache: a prompt's rows at

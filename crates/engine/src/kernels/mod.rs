@@ -96,7 +96,7 @@ impl Isa {
             Isa::Avx2Vnni if Isa::avx_vnni_encoding() => &x86::classes::AVX2_VNNI,
             Isa::Avx2Vnni => &x86::classes::AVX2_VNNI_EVEX,
             Isa::Avx512 => &x86::classes::AVX512,
-            Isa::Avx512Vnni => &x86::classes::AVX512_VNNI,
+            Isa::Avx512Vnni => x86::classes::avx512_vnni(),
             Isa::Amx => x86::classes::amx(),
         };
         #[cfg(not(target_arch = "x86_64"))]

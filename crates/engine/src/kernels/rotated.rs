@@ -14,7 +14,7 @@
 //! tiles read it (`RotatedInt8`); the activations' once per product. Every step is exact but
 //! the rounding to int8 and the last multiply, and a row's scale is its own: a row's result
 //! depends on the row alone. This module is the arithmetic's plain definition; the tile kernel
-//! (`x86::amx_prompt_int8`) gives the same bits.
+//! (`x86::amx_prompt_int8`) and the VNNI one (`x86::vnni_prompt_int8`) give the same bits.
 
 /// Columns per rotated block.
 pub const BLOCK: usize = 256;
@@ -120,6 +120,9 @@ pub struct RotatedInt8 {
     pub lines: Vec<Line>,
     /// Per row, its scale.
     pub scale: Vec<f32>,
+    /// Per row, the sum of its int8s (what an unsigned operand's offset of 128 adds to a
+    /// product, 128 times this: `vpdpbusd` multiplies unsigned bytes by signed ones).
+    pub sums: Vec<i32>,
 }
 
 /// 64 bytes, aligned as a tile row.
@@ -145,16 +148,18 @@ impl RotatedInt8 {
         assert!(Self::fits(rows, cols), "{rows} x {cols}");
         let steps = cols / STEP;
         let mut lines = vec![Line::default(); rows * cols / 64];
-        let scale = std::sync::Mutex::new(vec![0f32; rows]);
+        let per_row = std::sync::Mutex::new((vec![0f32; rows], vec![0i32; rows]));
         let strip_lines = steps * 2 * 16;
         super::par_chunks_mut(&mut lines, strip_lines, &|s, out| {
             let mut v = vec![0f32; cols];
             let mut q = vec![0i8; cols];
             let mut scales = [0f32; STRIP];
-            for (j, sc) in scales.iter_mut().enumerate() {
+            let mut sums = [0i32; STRIP];
+            for (j, (sc, sum)) in scales.iter_mut().zip(&mut sums).enumerate() {
                 row(s * STRIP + j, &mut v);
                 rotate(&mut v);
                 *sc = quantize_row(&v, &mut q);
+                *sum = q.iter().map(|&b| b as i32).sum();
                 let (h, l) = (j / 16, j % 16);
                 for (c, chunk) in q.chunks_exact(STEP).enumerate() {
                     for (i, four) in chunk.chunks_exact(4).enumerate() {
@@ -163,20 +168,23 @@ impl RotatedInt8 {
                     }
                 }
             }
-            let mut all = scale.lock().unwrap_or_else(|e| e.into_inner());
-            all[s * STRIP..(s + 1) * STRIP].copy_from_slice(&scales);
+            let mut all = per_row.lock().unwrap_or_else(|e| e.into_inner());
+            all.0[s * STRIP..(s + 1) * STRIP].copy_from_slice(&scales);
+            all.1[s * STRIP..(s + 1) * STRIP].copy_from_slice(&sums);
         });
+        let (scale, sums) = per_row.into_inner().unwrap_or_else(|e| e.into_inner());
         RotatedInt8 {
             rows,
             cols,
             lines,
-            scale: scale.into_inner().unwrap_or_else(|e| e.into_inner()),
+            scale,
+            sums,
         }
     }
 
     /// Bytes the copy holds.
     pub fn bytes(&self) -> usize {
-        self.lines.len() * 64 + self.scale.len() * 4
+        self.lines.len() * 64 + self.scale.len() * 4 + self.sums.len() * 4
     }
 
     /// Row `r`'s int8s (tests).

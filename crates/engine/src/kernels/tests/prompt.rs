@@ -153,10 +153,27 @@ fn fused_feed_forward_equals_its_steps() {
 #[test]
 #[ignore = "needs AMX-INT8: run with --ignored on a CPU that has it (.ci/run does)"]
 fn rotated_int8_tiles_match_their_plain_definition() {
-    if !amx_runs_here() {
+    if amx_runs_here() {
+        rotated_int8_matches_its_definition(super::x86::classes::amx_int8_prompt_table());
+    }
+}
+
+/// As `rotated_int8_tiles_match_their_plain_definition`, with AVX-512 VNNI's `vpdpbusd` (the
+/// Avx512Vnni class): the same bits.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore = "needs AVX-512 VNNI: run with --ignored on a CPU that has it (.ci/run does)"]
+fn rotated_int8_vnni_matches_its_plain_definition() {
+    if !Isa::Avx512Vnni.is_available() {
+        crate::cannot_run::cannot_run("no AVX-512 VNNI here");
         return;
     }
-    let table = super::x86::classes::int8_prompt_table();
+    rotated_int8_matches_its_definition(super::x86::classes::vnni_int8_prompt_table());
+}
+
+/// A class's rotated int8 products (`table.run`, which the CPU runs) against the definition.
+#[cfg(target_arch = "x86_64")]
+fn rotated_int8_matches_its_definition(table: &super::table::PromptRows) {
     let more = [
         (GgmlDType::Q4K, 32, 8960, 300),
         (GgmlDType::Q6K, 64, 256, 17),
@@ -173,8 +190,8 @@ fn rotated_int8_tiles_match_their_plain_definition() {
         }
         let run = |x: &[f32], m: usize| {
             let mut out = vec![f32::NAN; m * rows];
-            // SAFETY: the CPU has AMX-INT8 with the tile permission and AVX-512 (checked
-            // above); `x` is m x cols and `out` m x rows, the only job.
+            // SAFETY: the CPU runs the table's class (the caller checked); `x` is m x cols and
+            // `out` m x rows, the only job.
             unsafe { (table.run)(x, m, &[(&w, parallel::OutPtr(out.as_mut_ptr()))]) };
             out
         };
@@ -189,7 +206,7 @@ fn rotated_int8_tiles_match_their_plain_definition() {
         assert_eq!(
             differ.count(),
             0,
-            "{dtype:?} case {ci}: tiles against the definition"
+            "{dtype:?} case {ci}: the kernel against the definition"
         );
         let last = (m - 1) * cols;
         let alone = run(&x[last..], 1);
@@ -245,6 +262,7 @@ fn rotated_int8_keeps_the_products() {
     let scale = rotated::quantize_row(&turned, &mut q);
     assert_eq!(copy.row(37), q);
     assert_eq!(copy.scale[37], scale);
+    assert_eq!(copy.sums[37], q.iter().map(|&b| b as i32).sum::<i32>());
 }
 
 #[test]
