@@ -85,7 +85,7 @@ impl LoadedModel {
         if copy > 0 {
             tracing::info!(
                 copy_bytes = copy,
-                "prompt rows on rotated int8 tiles (PLD_PROMPT_ROWS=int8): a copy of the weights \
+                "prompt rows in the rotated int8 arithmetic (PLD_PROMPT_ROWS=int8): a copy of the weights \
                  of {} MiB beside them",
                 copy >> 20
             );

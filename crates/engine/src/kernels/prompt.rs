@@ -1,8 +1,10 @@
 //! Which arithmetic a product's rows take. A class may compute a prompt's rows (prefill) with
 //! another arithmetic than generated rows (decoding, verifying drafts), its table's
 //! `prompt_rows`: the Amx class computes them on bf16 tiles (`x86::amx_prompt`), wherever a
-//! matrix is Q4_K or Q6_K in whole strips of 32 rows, and everything else as Avx512Vnni. In every class a row's result depends only on the
-//! row and its kind, never on the other rows of its pass.
+//! matrix is Q4_K or Q6_K in whole strips of 32 rows, and everything else as Avx512Vnni; with
+//! `PLD_PROMPT_ROWS=int8` the Amx and Avx512Vnni classes take the rotated int8 arithmetic
+//! (`kernels::rotated`) on those matrices instead. In every class a row's result depends only on
+//! the row and its kind, never on the other rows of its pass.
 
 use super::matrix::QMatrix;
 use super::parallel::OutPtr;
@@ -16,7 +18,7 @@ pub enum RowKind {
 }
 
 /// Whether the kernels in use compute prompt rows with an arithmetic of their own (the Amx
-/// class where the CPU has AMX-BF16 and VBMI): the keys and values of a generated row then
+/// class where the CPU has AMX-BF16 and VBMI; `PLD_PROMPT_ROWS=int8` in it or Avx512Vnni): the keys and values of a generated row then
 /// differ from those the same token gets as a prompt row, which a prefix cache must not mix up.
 pub fn prompt_arithmetic_differs() -> bool {
     isa().kernels().prompt_rows.is_some()
@@ -53,8 +55,8 @@ pub fn prompt_copy_bytes(w: &QMatrix) -> usize {
     copy.map_or(0, |c| c.bytes())
 }
 
-/// Whether prompt rows take the rotated int8 arithmetic (`kernels::rotated`): the int8 tile
-/// peak is their limit, not the bf16 one.
+/// Whether prompt rows take the rotated int8 arithmetic (`kernels::rotated`): an int8 peak is
+/// their limit (the tiles', or the vector loop's where the class has no tiles), not the bf16 one.
 pub fn prompt_rows_on_int8() -> bool {
     isa().kernels().prompt_rows.as_ref().is_some_and(|p| p.int8)
 }
