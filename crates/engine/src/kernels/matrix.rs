@@ -269,7 +269,14 @@ impl QMatrix {
     /// The matrix rotated and rounded to int8 per row in the tiles' order (`rotated::RotatedInt8`,
     /// what prompt rows read under `PLD_PROMPT_ROWS=int8`); whole strips and blocks only.
     pub fn rotated_int8(&self) -> super::rotated::RotatedInt8 {
-        super::rotated::RotatedInt8::of(self.rows, self.cols, &|r, out| self.dequantize_row(r, out))
+        self.rotated_int8_by(&super::rotated::plain_round)
+    }
+
+    /// `rotated_int8` with each row rotated and rounded by `round` (a class's kernel for it,
+    /// with `plain_round`'s bits).
+    pub fn rotated_int8_by(&self, round: &super::rotated::Round) -> super::rotated::RotatedInt8 {
+        let row = |r: usize, out: &mut [f32]| self.dequantize_row(r, out);
+        super::rotated::RotatedInt8::of(self.rows, self.cols, &row, round)
     }
 
     /// All of the matrix as f32 (tests and small tensors).

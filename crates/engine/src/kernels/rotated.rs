@@ -109,6 +109,15 @@ pub fn quantize_row(v: &[f32], out: &mut [i8]) -> f32 {
     scale
 }
 
+/// A row rotated in place and rounded to int8 (the second slice), returning its scale.
+pub type Round = dyn Fn(&mut [f32], &mut [i8]) -> f32 + Sync;
+
+/// `rotate`, then `quantize_row`: the definition of a row's int8s and scale.
+pub fn plain_round(v: &mut [f32], q: &mut [i8]) -> f32 {
+    rotate(v);
+    quantize_row(v, q)
+}
+
 /// A weight matrix rotated and rounded to int8 per row, in tile order: per strip of 32 rows,
 /// per step of 64 columns, two tiles (rows 0-15 and 16-31 of the strip) of sixteen lines; line
 /// `i` of a tile holds columns `4i..4i + 4` of the step for each of its sixteen rows (bytes
@@ -143,8 +152,15 @@ impl RotatedInt8 {
     }
 
     /// The copy of a `rows x cols` matrix (`fits`) whose row `r` `row(r, out)` writes as f32
-    /// (`QMatrix::dequantize_row`), its strips made on the pool's threads.
-    pub fn of(rows: usize, cols: usize, row: &(dyn Fn(usize, &mut [f32]) + Sync)) -> RotatedInt8 {
+    /// (`QMatrix::dequantize_row`), its strips made on the pool's threads; each row rotated and
+    /// rounded by `round(row, int8s)`, which returns its scale: `plain_round`, or a class's
+    /// kernel with the same bits.
+    pub fn of(
+        rows: usize,
+        cols: usize,
+        row: &(dyn Fn(usize, &mut [f32]) + Sync),
+        round: &Round,
+    ) -> RotatedInt8 {
         assert!(Self::fits(rows, cols), "{rows} x {cols}");
         let steps = cols / STEP;
         let mut lines = vec![Line::default(); rows * cols / 64];
@@ -157,8 +173,7 @@ impl RotatedInt8 {
             let mut sums = [0i32; STRIP];
             for (j, (sc, sum)) in scales.iter_mut().zip(&mut sums).enumerate() {
                 row(s * STRIP + j, &mut v);
-                rotate(&mut v);
-                *sc = quantize_row(&v, &mut q);
+                *sc = round(&mut v, &mut q);
                 *sum = q.iter().map(|&b| b as i32).sum();
                 let (h, l) = (j / 16, j % 16);
                 for (c, chunk) in q.chunks_exact(STEP).enumerate() {

@@ -197,6 +197,18 @@ fn rotated_int8_matches_its_definition(table: &super::table::PromptRows) {
         };
         let got = run(&x, m);
         let copy = w.rotated_int8();
+        // The class made its copy with its own rotation and rounding: the definition's bytes.
+        let made = w
+            .packed
+            .as_ref()
+            .and_then(|p| p.rotated.get())
+            .expect("copy made");
+        assert!(
+            made.lines.iter().zip(&copy.lines).all(|(a, b)| a.0 == b.0)
+                && made.scale == copy.scale
+                && made.sums == copy.sums,
+            "{dtype:?} case {ci}: the class's copy against the definition's"
+        );
         let mut want = vec![0f32; m * rows];
         rotated::products_scalar(&x, m, &copy, &mut want);
         let differ = got
@@ -289,5 +301,34 @@ fn rotated_rounding_is_to_nearest_even() {
     for (&x, &got) in v.iter().zip(&q) {
         let want = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
         assert_eq!(got, want, "{x}");
+    }
+}
+
+/// The AVX-512 rotation and rounding the classes make their copies with gives `plain_round`'s
+/// int8s and scale: ordinary rows, a column far larger than the rest, zeros, a row with an
+/// infinity and one with a NaN.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore = "needs AVX-512: run with --ignored on a CPU that has it (.ci/run does)"]
+fn rotated_rounding_kernel_matches_the_definition() {
+    if !Isa::Avx512.is_available() {
+        crate::cannot_run::cannot_run("no AVX-512 here");
+        return;
+    }
+    let k = 768;
+    let mut rows: Vec<Vec<f32>> = (0..6).map(|i| random_vec(k, 170 + i)).collect();
+    rows[1][300] = 5000.0;
+    rows[2].fill(0.0);
+    rows[3][7] = f32::INFINITY;
+    rows[4][500] = f32::NAN;
+    rows[5].iter_mut().for_each(|v| *v *= 1e-30);
+    for (i, row) in rows.iter().enumerate() {
+        let (mut a, mut b) = (row.clone(), row.clone());
+        let (mut qa, mut qb) = (vec![1i8; k], vec![1i8; k]);
+        let want = rotated::plain_round(&mut a, &mut qa);
+        // SAFETY: the CPU has AVX-512 F and BW (checked above); 768 is a multiple of 256.
+        let got = unsafe { super::x86::rotated_round_row(&mut b, &mut qb) };
+        assert_eq!(got.to_bits(), want.to_bits(), "row {i}: scale");
+        assert_eq!(qb, qa, "row {i}: int8s");
     }
 }

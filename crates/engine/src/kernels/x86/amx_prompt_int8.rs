@@ -40,6 +40,17 @@ const fn pair_of(h: usize) -> ([i32; 16], [f32; 16]) {
 
 const PAIRS: [([i32; 16], [f32; 16]); 4] = [pair_of(1), pair_of(2), pair_of(4), pair_of(8)];
 
+/// Sixteen numbers (a row's times its inverse step: within -127.5..127.5 but for NaNs) rounded
+/// to the nearest integer, ties to even, as int8s; a NaN to zero, as `quantize_row`'s `as i8`.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn to_int8(v: __m512) -> __m128i {
+    let numbers = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+    _mm512_cvtsepi32_epi8(_mm512_maskz_cvtps_epi32(numbers, v))
+}
+
 /// One block of 256 numbers at `src` rotated (`rotated::rotate`) into `dst`; returns the lanes'
 /// largest magnitudes.
 ///
@@ -72,7 +83,8 @@ unsafe fn rotate_block(src: *const f32, dst: *mut f32) -> __m512 {
     let mut top = _mm512_setzero_ps();
     for (i, r) in v.iter().enumerate() {
         _mm512_storeu_ps(dst.add(16 * i), *r);
-        top = _mm512_max_ps(top, _mm512_abs_ps(*r));
+        // A NaN lane leaves `top` as it was, as `f32::max` in `quantize_row` does.
+        top = _mm512_max_ps(_mm512_abs_ps(*r), top);
     }
     top
 }
@@ -121,11 +133,41 @@ pub(crate) unsafe fn to_tiles(
             let line = out.as_mut_ptr().add(c * ROWS + i) as *mut u8;
             for q in 0..4 {
                 let v = _mm512_mul_ps(_mm512_loadu_ps(buf.as_ptr().add(STEP * c + 16 * q)), inv);
-                let b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v));
+                let b = to_int8(v);
                 _mm_storeu_si128(line.add(16 * q) as *mut __m128i, b);
             }
         }
     }
+}
+
+/// `v` (a multiple of 256 long) rotated in place and rounded to int8 into `q` by one scale,
+/// which it returns: `rotated::plain_round`'s bits (the same steps as `to_tiles`), for the
+/// weights' copy.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn round_row(v: &mut [f32], q: &mut [i8]) -> f32 {
+    let k = v.len();
+    assert!(k.is_multiple_of(BLOCK) && q.len() == k);
+    let at = v.as_mut_ptr();
+    let mut top = _mm512_setzero_ps();
+    for b in (0..k).step_by(BLOCK) {
+        // `rotate_block` loads the whole block before it stores: in place is fine.
+        top = _mm512_max_ps(top, rotate_block(at.add(b), at.add(b)));
+    }
+    let (inv, scale) = row_scale(_mm512_reduce_max_ps(top));
+    if inv == 0.0 {
+        // Zeros, or a number that is not finite: every int8 zero, as `quantize_row` gives.
+        q.fill(0);
+        return scale;
+    }
+    let inv = _mm512_set1_ps(inv);
+    for i in (0..k).step_by(16) {
+        let b = to_int8(_mm512_mul_ps(_mm512_loadu_ps(at.add(i)), inv));
+        _mm_storeu_si128(q.as_mut_ptr().add(i) as *mut __m128i, b);
+    }
+    scale
 }
 
 /// Weight rows `32 s0..32 s1` of `w` against activation rows `0..m` (`acts` from `to_tiles`,

@@ -35,7 +35,9 @@ pub(crate) use amx_prompt::{
     peak_bf16 as peak_amx_bf16, products as prompt_products, to_line as prompt_to_line,
     to_tiles as prompt_to_tiles, Line as TileLine, STRIP as PROMPT_STRIP,
 };
-pub(crate) use amx_prompt_int8::{products as rotated_products, to_tiles as rotated_to_tiles};
+pub(crate) use amx_prompt_int8::{
+    products as rotated_products, round_row as rotated_round_row, to_tiles as rotated_to_tiles,
+};
 #[cfg(test)]
 pub(crate) use amx_softmax::BLOCK as TILE_BLOCK;
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! the runs of strips shared out to the threads. Both kernels give the definition's bits, so
 //! both classes give a prompt row the same result.
 
-use super::super::{rotated_products, rotated_to_tiles, to_unsigned, vnni_rotated_products};
+use super::super::{rotated_products, rotated_round_row, rotated_to_tiles};
+use super::super::{to_unsigned, vnni_rotated_products};
 use super::super::{PROMPT_STRIP, TILE_ROWS};
 use crate::kernels::format::Format;
 use crate::kernels::matrix::QMatrix;
@@ -52,10 +53,13 @@ fn on_rotated(w: &QMatrix) -> bool {
     on_strips(w) && RotatedInt8::fits(w.rows, w.cols)
 }
 
-/// `w`'s rotated copy, made on first use (on the pool's threads: not from inside a pool job).
+/// `w`'s rotated copy, made on first use (on the pool's threads: not from inside a pool job),
+/// each row rotated and rounded with AVX-512 (`plain_round`'s bits).
 fn rotated_copy(w: &QMatrix) -> &RotatedInt8 {
     let p = w.packed.as_ref().expect("on_rotated: packed");
-    p.rotated.get_or_init(|| w.rotated_int8())
+    // SAFETY: both classes that take this arithmetic have AVX-512 F and BW.
+    let round = |v: &mut [f32], q: &mut [i8]| unsafe { rotated_round_row(v, q) };
+    p.rotated.get_or_init(|| w.rotated_int8_by(&round))
 }
 
 /// The arithmetic's table entry with the products `run` (a class's kernel).
