@@ -283,8 +283,9 @@ fn attend_rows_q8(k: &Kernels, query: Query<'_>, kv: KvHead<'_>, out: &mut [f32]
 /// Whether `attend_rows` on `isa` computes over a bf16 cache of `hd`-long heads on tiles
 /// (`x86::amx_attention`, the Amx class with AMX-BF16, heads of a multiple of 32), whose products
 /// round the queries and the weights to bf16, rather than in f32 as every other kernel does.
+/// False for a class this CPU does not run.
 pub fn tiles_attend(isa: Isa, hd: usize) -> bool {
-    isa.kernels().tiles_attend(hd)
+    isa.is_available() && isa.kernels().tiles_attend(hd)
 }
 
 /// The arithmetic `attend_rows` computes with on `isa` over a cache of `hd`-long heads (bf16 or
