@@ -40,6 +40,22 @@ const fn pair_of(h: usize) -> ([i32; 16], [f32; 16]) {
 
 const PAIRS: [([i32; 16], [f32; 16]); 4] = [pair_of(1), pair_of(2), pair_of(4), pair_of(8)];
 
+/// A row of `k` numbers (a multiple of 256) at `src` rotated into `dst`, block by block (in
+/// place where `dst` is `src`: `rotate_block` loads a whole block before it stores); returns
+/// `row_scale` of its largest magnitude, the inverse step (zero where every int8 is zero) and
+/// the scale.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `src` and `dst` hold `k` floats.
+#[inline(always)]
+unsafe fn rotate_row(src: *const f32, dst: *mut f32, k: usize) -> (f32, f32) {
+    let mut top = _mm512_setzero_ps();
+    for b in (0..k).step_by(BLOCK) {
+        top = _mm512_max_ps(top, rotate_block(src.add(b), dst.add(b)));
+    }
+    row_scale(_mm512_reduce_max_ps(top))
+}
+
 /// Sixteen numbers (a row's times its inverse step: within -127.5..127.5 but for NaNs) rounded
 /// to the nearest integer, ties to even, as int8s; a NaN to zero, as `quantize_row`'s `as i8`.
 ///
@@ -114,12 +130,7 @@ pub(crate) unsafe fn to_tiles(
         let mut inv = 0.0;
         *scale = 0.0;
         if r < m {
-            let row = x.as_ptr().add(r * k);
-            let mut top = _mm512_setzero_ps();
-            for b in (0..k).step_by(BLOCK) {
-                top = _mm512_max_ps(top, rotate_block(row.add(b), buf.as_mut_ptr().add(b)));
-            }
-            (inv, *scale) = row_scale(_mm512_reduce_max_ps(top));
+            (inv, *scale) = rotate_row(x.as_ptr().add(r * k), buf.as_mut_ptr(), k);
         }
         if inv == 0.0 {
             out.iter_mut()
@@ -151,12 +162,7 @@ pub(crate) unsafe fn round_row(v: &mut [f32], q: &mut [i8]) -> f32 {
     let k = v.len();
     assert!(k.is_multiple_of(BLOCK) && q.len() == k);
     let at = v.as_mut_ptr();
-    let mut top = _mm512_setzero_ps();
-    for b in (0..k).step_by(BLOCK) {
-        // `rotate_block` loads the whole block before it stores: in place is fine.
-        top = _mm512_max_ps(top, rotate_block(at.add(b), at.add(b)));
-    }
-    let (inv, scale) = row_scale(_mm512_reduce_max_ps(top));
+    let (inv, scale) = rotate_row(at, at, k);
     if inv == 0.0 {
         // Zeros, or a number that is not finite: every int8 zero, as `quantize_row` gives.
         q.fill(0);
