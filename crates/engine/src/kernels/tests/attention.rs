@@ -327,6 +327,52 @@ fn attention_over_rows_equals_each_row_alone_for<E: KvElem>() {
     }
 }
 
+/// An f16 or bf16 head in a pass of at least `WIDEN_FROM` queries (rows times the group) is
+/// widened into L1 a block at a time (`x86::widened_attention`), in a smaller one read where it
+/// lies: on either side of the threshold and well past it, at lengths that end mid-vector and
+/// mid-block, every implementation gives the plain loops' bits.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn widened_spans_keep_the_plain_bits() {
+    widened_spans_keep_the_plain_bits_for::<f16>();
+    widened_spans_keep_the_plain_bits_for::<bf16>();
+}
+
+#[cfg(target_arch = "x86_64")]
+fn widened_spans_keep_the_plain_bits_for<E: KvElem>() {
+    let from = crate::kernels::x86::WIDEN_FROM;
+    for &(hd, group, len, rows) in &[
+        (128usize, 6usize, 1001usize, from / 6),
+        (128, 6, 1001, from.div_ceil(6)),
+        (64, 1, 77, from - 1),
+        (64, 1, 77, from),
+        (32, 4, 300, 3 * from),
+        (128, 2, 2053, 200),
+    ] {
+        let q_stride = group * hd + 8;
+        let q = random_vec((rows - 1) * q_stride + group * hd, 60 + len as u64);
+        let key_stride = len.next_multiple_of(16) + 48;
+        let value_stride = hd + 16;
+        let (keys, values) = head_of::<E>(
+            (hd, len),
+            (key_stride, value_stride),
+            |i, t| noise(61 + len as u64, i, t),
+            |t, d| noise(62 + len as u64, t, d),
+        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = KvHead::new(&keys, &values, key_stride, value_stride, hd, len);
+        let plain = attend_all(Isa::Scalar, &q, q_stride, rows, group, kv, scale, None);
+        for isa in Isa::available() {
+            if on_tiles::<E>(isa, hd) {
+                continue;
+            }
+            let all = attend_all(isa, &q, q_stride, rows, group, kv, scale, None);
+            let what = format!("{isa:?} {:?} hd {hd} len {len} rows {rows}", E::KIND);
+            assert_same_bits(&all, &plain, &what);
+        }
+    }
+}
+
 /// A draft tree's rows, its first position anywhere in a block (so that the positions a node
 /// sees, packed, fill one block or spill into the next): each row, seeing the committed positions
 /// and its ancestors only, gets exactly (bit for bit) what `attend` gives over a cache holding

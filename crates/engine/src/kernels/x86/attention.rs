@@ -13,6 +13,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::online_softmax::BlockWeights;
+use super::spans::{Spans, Whole};
+use super::widened_attention::{attend_rows_widened, widens};
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask, Visible};
 use crate::kernels::online_softmax::{attend_plain, normalize, ATTENTION_BLOCK as BLOCK};
@@ -43,7 +45,12 @@ unsafe fn lanes<W: Width, E: KvElem>(p: *const E) -> W::F {
 /// # Safety
 /// As `lanes`, for the numbers read.
 #[inline(always)]
-unsafe fn key_lanes<W: Width, E: KvElem>(pk: *const E, ks: usize, i: usize, t: usize) -> W::F {
+pub(super) unsafe fn key_lanes<W: Width, E: KvElem>(
+    pk: *const E,
+    ks: usize,
+    i: usize,
+    t: usize,
+) -> W::F {
     if E::PAIRED {
         W::bf16_half(pk.add(E::key_at(i & !1, t, ks)) as *const u8, i % 2 == 1)
     } else {
@@ -57,7 +64,12 @@ unsafe fn key_lanes<W: Width, E: KvElem>(pk: *const E, ks: usize, i: usize, t: u
 /// # Safety
 /// As `lanes`, for the numbers read.
 #[inline(always)]
-unsafe fn value_lanes<W: Width, E: KvElem>(pv: *const E, vs: usize, t: usize, d: usize) -> W::F {
+pub(super) unsafe fn value_lanes<W: Width, E: KvElem>(
+    pv: *const E,
+    vs: usize,
+    t: usize,
+    d: usize,
+) -> W::F {
     if E::PAIRED {
         W::bf16_half(pv.add(E::value_at(t & !1, d, vs)) as *const u8, t % 2 == 1)
     } else {
@@ -68,7 +80,7 @@ unsafe fn value_lanes<W: Width, E: KvElem>(pv: *const E, vs: usize, t: usize, d:
 /// Cache lines that `n` numbers of type `E` span where a vector reads them: twice as many for a
 /// paired type, whose vector reads pairs.
 #[inline(always)]
-fn read_lines<E: KvElem>(n: usize) -> usize {
+pub(super) fn read_lines<E: KvElem>(n: usize) -> usize {
     lines_of::<E>(n) * if E::PAIRED { 2 } else { 1 }
 }
 
@@ -96,7 +108,7 @@ fn prefetch_ahead(t0: usize, len: usize) -> usize {
 
 /// Prefetches the `lines` cache lines from `p` into L2.
 #[inline(always)]
-unsafe fn prefetch<E>(p: *const E, lines: usize) {
+pub(super) unsafe fn prefetch<E>(p: *const E, lines: usize) {
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T1>((p as *const i8).wrapping_add(64 * l));
     }
@@ -334,42 +346,6 @@ unsafe fn values_block<W: Width, E: KvElem, const ACC: usize>(
             1
         };
         i0 += v * W::LANES;
-    }
-}
-
-/// Where the sweep reads the keys, then the values, of a span of positions: from the cache
-/// itself (`Whole`), or from a q8 cache's numbers dequantized into L1 for it (`q8_attention`),
-/// the keys for the scores and then the values into the same room.
-pub(super) trait Spans<E: KvElem> {
-    /// The head's size and its positions: `(hd, len)`.
-    fn shape(&self) -> (usize, usize);
-    /// The keys of positions `from..to` (`from` a multiple of `BLOCK`), as a head whose keys
-    /// only may be read, and the position its position 0 is: `(head, base)`.
-    ///
-    /// # Safety
-    /// Called from a function compiled for the instructions the implementation uses.
-    unsafe fn keys(&mut self, from: usize, to: usize) -> (KvOf<'_, E>, usize);
-    /// The values of the same positions, as a head whose values only may be read.
-    ///
-    /// # Safety
-    /// As `keys`.
-    unsafe fn values(&mut self, from: usize, to: usize) -> (KvOf<'_, E>, usize);
-}
-
-/// A head read where it lies.
-struct Whole<'a, E>(KvOf<'a, E>);
-
-impl<E: KvElem> Spans<E> for Whole<'_, E> {
-    fn shape(&self) -> (usize, usize) {
-        (self.0.hd, self.0.len)
-    }
-    #[inline(always)]
-    unsafe fn keys(&mut self, _: usize, _: usize) -> (KvOf<'_, E>, usize) {
-        (self.0, 0)
-    }
-    #[inline(always)]
-    unsafe fn values(&mut self, _: usize, _: usize) -> (KvOf<'_, E>, usize) {
-        (self.0, 0)
     }
 }
 
@@ -642,6 +618,11 @@ pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    if widens::<E>(out.len() / kv.hd) {
+        return attend_rows_widened::<Zmm, E, 6, 24>(
+            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+        );
+    }
     let kv = &mut Whole(kv);
     attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
 }
@@ -665,6 +646,11 @@ pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    if widens::<E>(out.len() / kv.hd) {
+        return attend_rows_widened::<Ymm<false>, E, 2, 12>(
+            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+        );
+    }
     let kv = &mut Whole(kv);
     attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
         q, q_stride, rows, kv, scale, sinks, tree, scratch, out,

@@ -3,8 +3,9 @@
 //! `amx` (the packed products on AMX int8 tiles, for many generated rows),
 //! `amx_prompt` (prompt rows' products on bf16 tiles; `amx_prompt_int8` on rotated int8 tiles,
 //! their steps shared in `tile_steps`; `vnni_prompt_int8` the same arithmetic with `vpdpbusd`), `attention` (with `online_softmax`, its
-//! weights of a block; `q8_attention` over a q8 cache; `amx_attention` over a bf16 cache on
-//! tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax, SwiGLU). `classes`
+//! weights of a block; `q8_attention` over a q8 cache and `widened_attention` over an f16 or
+//! bf16 one in wide passes, both through f32 spans in L1 (`spans`); `amx_attention` over a bf16
+//! cache on tiles, its softmax in `amx_softmax`), and `elementwise` (dot, softmax, SwiGLU). `classes`
 //! says which of them each x86 class runs (its table). All are `unsafe`: they may only run on a CPU with the features their
 //! `#[target_feature]` names, which their callers in `kernels` check first.
 
@@ -24,9 +25,11 @@ mod packed;
 mod peak;
 mod products;
 mod q8_attention;
+mod spans;
 mod sums;
 mod tile_steps;
 mod vnni_prompt_int8;
+mod widened_attention;
 mod width;
 
 pub(crate) use amx::{packed_rows_amx, peak_amx, permission as amx_permission, TILE_ROWS};
@@ -55,6 +58,8 @@ pub(crate) use peak::{
 pub(crate) use products::{dot_rows_avx2_of, dot_rows_vnni_of};
 pub(crate) use q8_attention::{attend_rows_q8_avx2, attend_rows_q8_avx512};
 pub(crate) use vnni_prompt_int8::{products as vnni_rotated_products, to_unsigned};
+#[cfg(test)]
+pub(crate) use widened_attention::WIDEN_FROM;
 
 // The formats as the kernels' const parameters (see `Format::from_code`).
 pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;

@@ -4,55 +4,20 @@
 //! scale), so the result is the f32 kernels' over those numbers, bit for bit the plain loops'.
 //! The cache is read once per pass, at a quarter of f32's bytes (8.5 bits a number).
 
-use super::attention::{attend_rows_wide, Spans};
+use super::attention::attend_rows_wide;
 use super::online_softmax::BlockWeights;
+use super::spans::{room_len, room_view, Spans, AHEAD, BUFFERS, SPAN_STRIDE};
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::kv::{KvOf, Q8Head, TreeMask};
 use crate::kernels::online_softmax::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::q8;
 use std::arch::x86_64::*;
 
-/// Working space of one thread: the dequantized keys, then values, of a span (one room, so that
-/// what the sweep reads stays within L1) and the sweep's own.
-#[derive(Default)]
-struct Q8Buffers {
-    span: Vec<f32>,
-    sweep: Vec<f32>,
-}
-
-thread_local! {
-    static BUFFERS: std::cell::RefCell<Q8Buffers> = Default::default();
-}
-
-/// Floats between the dequantized key rows: room for the two blocks of a tree row's tail, and an
-/// odd number of cache lines (9), so that a block's rows spread over L1's sets.
-const SPAN_STRIDE: usize = 2 * BLOCK + 16;
-
-/// How far ahead (in positions) a span prefetches the cache's bytes into L2: two blocks.
-const AHEAD: usize = 2 * BLOCK;
-
 /// A q8 head read through its dequantized spans.
 struct Dequantized<'a, W> {
     head: Q8Head<'a>,
     room: &'a mut [f32],
     width: std::marker::PhantomData<W>,
-}
-
-impl<W: Width> Dequantized<'_, W> {
-    /// The head over the room (keys or values, whichever was last written) for `from..to`.
-    fn view(&self, from: usize, to: usize) -> (KvOf<'_, f32>, usize) {
-        let hd = self.head.hd;
-        let kv = KvOf {
-            keys: &*self.room,
-            values: &*self.room,
-            key_stride: SPAN_STRIDE,
-            value_stride: hd,
-            hd,
-            len: to - from,
-            offset: 0,
-        };
-        (kv, from)
-    }
 }
 
 impl<W: Width> Spans<f32> for Dequantized<'_, W> {
@@ -63,13 +28,13 @@ impl<W: Width> Spans<f32> for Dequantized<'_, W> {
     #[inline(always)]
     unsafe fn keys(&mut self, from: usize, to: usize) -> (KvOf<'_, f32>, usize) {
         dequantize_keys::<W>(&self.head, (from, to), self.room);
-        self.view(from, to)
+        room_view(self.room, self.head.hd, (from, to))
     }
 
     #[inline(always)]
     unsafe fn values(&mut self, from: usize, to: usize) -> (KvOf<'_, f32>, usize) {
         dequantize_values::<W>(&self.head, (from, to), self.room);
-        self.view(from, to)
+        room_view(self.room, self.head.hd, (from, to))
     }
 }
 
@@ -180,7 +145,7 @@ unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: us
     // The thread's buffers, taken out for the call (no closure: it would not inherit the
     // calling kernel's target features).
     let mut buffers = BUFFERS.take();
-    buffers.span.resize(head.hd * SPAN_STRIDE, 0.0);
+    buffers.span.resize(room_len(head.hd), 0.0);
     let mut kv = Dequantized::<W> {
         head,
         room: &mut buffers.span,
