@@ -24,7 +24,8 @@ impl KvDtype {
     /// where it reads half f32's bytes, measured faster than f32 in every pass at 16k tokens of
     /// context, and agrees with the transformers fixtures as closely as f32 (f16 does not on
     /// SmolLM2); f32 elsewhere, where the vector kernels widen bf16 at a cost that made passes of
-    /// eight rows slower than f32's at 16k on AVX-512 and AVX2 (one and two rows faster).
+    /// eight rows slower than f32's at 16k on AVX-512 and AVX2 (one and two rows faster; eight
+    /// rows still ran 0.8x f32's with each block widened once into L1, `abench`, 2026-12-07).
     pub fn auto(hd: usize) -> KvDtype {
         if crate::kernels::tiles_attend(crate::kernels::isa(), hd) {
             KvDtype::Bf16
