@@ -13,9 +13,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::online_softmax::BlockWeights;
-use super::spans::{Spans, Whole};
-use super::widened_attention::{attend_rows_widened, widens};
-use super::width::{Width, Ymm, Zmm};
+use super::spans::Spans;
+use super::width::Width;
 use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask, Visible};
 use crate::kernels::online_softmax::{attend_plain, normalize, ATTENTION_BLOCK as BLOCK};
 use std::arch::x86_64::*;
@@ -598,63 +597,6 @@ unsafe fn tree_tail<
             0,
         );
     }
-}
-
-/// `kernels::attend_rows` with 512-bit registers (score tiles of six queries, 24 accumulators).
-///
-/// # Safety
-/// The CPU must have AVX-512 F, BW and VL (and AVX2, FMA, F16C); `hd % 16 == 0`; the bounds
-/// are those `kernels::attend_rows` checks.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    kv: KvOf<'_, E>,
-    scale: f32,
-    sinks: Option<&[f32]>,
-    tree: Option<TreeMask<'_>>,
-    scratch: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    if widens::<E>(out.len() / kv.hd) {
-        return attend_rows_widened::<Zmm, E, 6, 24>(
-            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-        );
-    }
-    let kv = &mut Whole(kv);
-    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
-}
-
-/// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
-/// value tiles of 12 accumulators: sixteen registers in all).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `hd % 8 == 0`; the bounds are those
-/// `kernels::attend_rows` checks.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    kv: KvOf<'_, E>,
-    scale: f32,
-    sinks: Option<&[f32]>,
-    tree: Option<TreeMask<'_>>,
-    scratch: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    if widens::<E>(out.len() / kv.hd) {
-        return attend_rows_widened::<Ymm<false>, E, 2, 12>(
-            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-        );
-    }
-    let kv = &mut Whole(kv);
-    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
-        q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-    )
 }
 
 /// `attention::attend_plain` compiled with FMA, so that its `mul_add`s are single instructions

@@ -45,7 +45,7 @@ pub(crate) use amx_prompt_int8::{
 pub(crate) use amx_softmax::BLOCK as TILE_BLOCK;
 #[cfg(test)]
 pub(crate) use amx_softmax::{exp_tile_of, sums_at_once_and_alone};
-pub(crate) use attention::{attend_plain_fma, attend_rows_avx2, attend_rows_avx512};
+pub(crate) use attention::attend_plain_fma;
 pub(crate) use elementwise::{dot_f32, softmax_avx2, swiglu_avx2};
 pub(crate) use packed::{
     packed_rows_avx2, packed_rows_avx512, packed_rows_avx_vnni, packed_rows_avx_vnni_evex,
@@ -60,6 +60,7 @@ pub(crate) use q8_attention::{attend_rows_q8_avx2, attend_rows_q8_avx512};
 pub(crate) use vnni_prompt_int8::{products as vnni_rotated_products, to_unsigned};
 #[cfg(test)]
 pub(crate) use widened_attention::WIDEN_FROM;
+pub(crate) use widened_attention::{attend_rows_avx2, attend_rows_avx512};
 
 // The formats as the kernels' const parameters (see `Format::from_code`).
 pub(crate) const Q4_0: u8 = Format::Q4_0 as u8;

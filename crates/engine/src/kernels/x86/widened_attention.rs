@@ -8,11 +8,14 @@
 //! Here each is widened once a pass. Widening is exact and the f32 kernels then perform the
 //! same operations in the same order over the same numbers, so every row keeps its bits (those
 //! of the plain loops), whichever way its pass went.
+//!
+//! The vector classes' attention over f32, f16 and bf16 heads enters here (`attend_rows_avx512`,
+//! `attend_rows_avx2`), which widens or reads the cache where it lies (`spans::Whole`).
 
 use super::attention::{attend_rows_wide, key_lanes, prefetch, read_lines, value_lanes};
 use super::online_softmax::BlockWeights;
-use super::spans::{room_len, room_view, Spans, AHEAD, BUFFERS, SPAN_STRIDE};
-use super::width::Width;
+use super::spans::{room_len, room_view, Spans, Whole, AHEAD, BUFFERS, SPAN_STRIDE};
+use super::width::{Width, Ymm, Zmm};
 use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask};
 
 /// The fewest queries in a pass (rows times the query heads of a key/value head) whose spans
@@ -24,7 +27,7 @@ pub(crate) const WIDEN_FROM: usize = 28;
 
 /// Whether a pass of `queries` queries over a cache of type `E` widens its spans first.
 #[inline(always)]
-pub(super) fn widens<E: KvElem>(queries: usize) -> bool {
+fn widens<E: KvElem>(queries: usize) -> bool {
     E::KIND != ElemKind::F32 && queries >= WIDEN_FROM
 }
 
@@ -117,7 +120,7 @@ unsafe fn widen_values<W: Width, E: KvElem>(
 /// the bounds are those `kernels::attend_rows` checks (`KvOf::check`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_rows_widened<
+unsafe fn attend_rows_widened<
     W: Width + BlockWeights,
     E: KvElem,
     const QS: usize,
@@ -144,4 +147,61 @@ pub(super) unsafe fn attend_rows_widened<
         q, q_stride, rows, &mut kv, scale, sinks, tree, scratch, out,
     );
     BUFFERS.set(buffers);
+}
+
+/// `kernels::attend_rows` with 512-bit registers (score tiles of six queries, 24 accumulators).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VL (and AVX2, FMA, F16C); `hd % 16 == 0`; the bounds
+/// are those `kernels::attend_rows` checks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvOf<'_, E>,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    tree: Option<TreeMask<'_>>,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    if widens::<E>(out.len() / kv.hd) {
+        return attend_rows_widened::<Zmm, E, 6, 24>(
+            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+        );
+    }
+    let kv = &mut Whole(kv);
+    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
+}
+
+/// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
+/// value tiles of 12 accumulators: sixteen registers in all).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `hd % 8 == 0`; the bounds are those
+/// `kernels::attend_rows` checks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
+    q: &[f32],
+    q_stride: usize,
+    rows: usize,
+    kv: KvOf<'_, E>,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    tree: Option<TreeMask<'_>>,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    if widens::<E>(out.len() / kv.hd) {
+        return attend_rows_widened::<Ymm<false>, E, 2, 12>(
+            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+        );
+    }
+    let kv = &mut Whole(kv);
+    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
+        q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+    )
 }
