@@ -112,20 +112,16 @@ unsafe fn widen_values<W: Width, E: KvElem>(
     }
 }
 
-/// `attend_rows_wide` over an f16 or bf16 head's widened spans (`widens`), the thread's room
-/// taken for the call.
+/// `attend_rows_wide` on `W`'s registers (score tiles of `QS` queries, `ACC` accumulators for
+/// the values) over the head's widened spans where the pass `widens`, else over the cache where
+/// it lies; the widened spans in the thread's room, taken for the call.
 ///
 /// # Safety
 /// Called from a function compiled for `W`'s instructions, FMA and F16C; `hd % W::LANES == 0`;
 /// the bounds are those `kernels::attend_rows` checks (`KvOf::check`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_rows_widened<
-    W: Width + BlockWeights,
-    E: KvElem,
-    const QS: usize,
-    const ACC: usize,
->(
+unsafe fn attend_rows_on<W: Width + BlockWeights, E: KvElem, const QS: usize, const ACC: usize>(
     q: &[f32],
     q_stride: usize,
     rows: usize,
@@ -136,6 +132,12 @@ unsafe fn attend_rows_widened<
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    if !widens::<E>(out.len() / head.hd) {
+        let kv = &mut Whole(head);
+        return attend_rows_wide::<W, E, QS, 4, ACC>(
+            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
+        );
+    }
     let mut buffers = BUFFERS.take();
     buffers.span.resize(room_len(head.hd), 0.0);
     let mut kv = Widened::<W, E> {
@@ -167,13 +169,7 @@ pub(crate) unsafe fn attend_rows_avx512<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    if widens::<E>(out.len() / kv.hd) {
-        return attend_rows_widened::<Zmm, E, 6, 24>(
-            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-        );
-    }
-    let kv = &mut Whole(kv);
-    attend_rows_wide::<Zmm, E, 6, 4, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
+    attend_rows_on::<Zmm, E, 6, 24>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
 }
 
 /// `kernels::attend_rows` with 256-bit registers (score tiles of two queries by four vectors,
@@ -195,13 +191,5 @@ pub(crate) unsafe fn attend_rows_avx2<E: KvElem>(
     scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    if widens::<E>(out.len() / kv.hd) {
-        return attend_rows_widened::<Ymm<false>, E, 2, 12>(
-            q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-        );
-    }
-    let kv = &mut Whole(kv);
-    attend_rows_wide::<Ymm<false>, E, 2, 4, 12>(
-        q, q_stride, rows, kv, scale, sinks, tree, scratch, out,
-    )
+    attend_rows_on::<Ymm<false>, E, 2, 12>(q, q_stride, rows, kv, scale, sinks, tree, scratch, out)
 }
