@@ -44,6 +44,7 @@ mod elementwise;
 pub mod format;
 mod isa;
 mod kv;
+mod lines;
 mod matrix;
 mod online_softmax;
 pub mod packed;
@@ -68,6 +69,7 @@ pub use elementwise::{
 };
 pub use isa::{amx_status, isa, Isa};
 pub use kv::{KvDtype, KvElem, KvElems, KvHead, KvStored, TreeMask, Visible};
+pub use lines::on_lines;
 pub use matrix::{is_supported, quantize, Bytes, QMatrix};
 pub(crate) use online_softmax::ATTENTION_BLOCK;
 pub use parallel::{par_chunks_mut, par_split_mut};

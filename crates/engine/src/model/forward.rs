@@ -203,7 +203,8 @@ impl Buffers {
             // mixture's experts keep their own.
             gate: Vec::new(),
             up: Vec::new(),
-            job_out: vec![0f32; n * qd],
+            // One cache line more: attention writes from the first line's start (`on_lines`).
+            job_out: vec![0f32; n * qd + 16],
         }
     }
 }
@@ -292,11 +293,12 @@ impl Model {
             );
         }
         let started = std::time::Instant::now();
-        self.attend(li, a, batch, plan, &b.q, &mut b.job_out);
+        let job_out = kernels::on_lines(&mut b.job_out, n * qd);
+        self.attend(li, a, batch, plan, &b.q, job_out);
         ATTENTION_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let group = c.n_head / c.n_kv_head;
         for (&(_, kvh, r0, r1), w) in jobs.list.iter().zip(jobs.bounds.windows(2)) {
-            let part = &b.job_out[w[0]..w[1]];
+            let part = &job_out[w[0]..w[1]];
             for (r, o) in (r0..r1).zip(part.chunks(group * hd)) {
                 b.att[r * qd + kvh * group * hd..][..group * hd].copy_from_slice(o);
             }

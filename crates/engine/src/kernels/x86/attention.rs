@@ -16,6 +16,7 @@ use super::online_softmax::BlockWeights;
 use super::spans::Spans;
 use super::width::Width;
 use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask, Visible};
+use crate::kernels::on_lines;
 use crate::kernels::online_softmax::{attend_plain, normalize, ATTENTION_BLOCK as BLOCK};
 use std::arch::x86_64::*;
 
@@ -383,8 +384,8 @@ struct Scratch<'a> {
 
 impl<'a> Scratch<'a> {
     fn new(v: &'a mut Vec<f32>, queries: usize) -> Scratch<'a> {
-        v.clear();
-        v.resize((BLOCK + 3) * queries + QUERIES * 2 * BLOCK, 0.0);
+        let v = on_lines(v, (BLOCK + 3) * queries + QUERIES * 2 * BLOCK);
+        v.fill(0.0);
         let (weights, rest) = v.split_at_mut(queries * BLOCK);
         let (tail, rest) = rest.split_at_mut(QUERIES * 2 * BLOCK);
         let (max, rest) = rest.split_at_mut(queries);

@@ -9,6 +9,7 @@ use super::online_softmax::BlockWeights;
 use super::spans::{room_len, room_view, Spans, AHEAD, BUFFERS, SPAN_STRIDE};
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::kv::{KvOf, Q8Head, TreeMask};
+use crate::kernels::on_lines;
 use crate::kernels::online_softmax::ATTENTION_BLOCK as BLOCK;
 use crate::kernels::q8;
 use std::arch::x86_64::*;
@@ -145,10 +146,9 @@ unsafe fn attend_rows_q8<W: Width + BlockWeights, const QS: usize, const ACC: us
     // The thread's buffers, taken out for the call (no closure: it would not inherit the
     // calling kernel's target features).
     let mut buffers = BUFFERS.take();
-    buffers.span.resize(room_len(head.hd), 0.0);
     let mut kv = Dequantized::<W> {
         head,
-        room: &mut buffers.span,
+        room: on_lines(&mut buffers.span, room_len(head.hd)),
         width: std::marker::PhantomData,
     };
     let sweep = &mut buffers.sweep;

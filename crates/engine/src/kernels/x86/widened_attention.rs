@@ -17,6 +17,7 @@ use super::online_softmax::BlockWeights;
 use super::spans::{room_len, room_view, Spans, Whole, AHEAD, BUFFERS, SPAN_STRIDE};
 use super::width::{Width, Ymm, Zmm};
 use crate::kernels::kv::{ElemKind, KvElem, KvOf, TreeMask};
+use crate::kernels::on_lines;
 
 /// The fewest queries in a pass (rows times the query heads of a key/value head) whose spans
 /// are widened first; fewer read the cache where it lies. Measured with `abench` (bf16, head
@@ -139,10 +140,9 @@ unsafe fn attend_rows_on<W: Width + BlockWeights, E: KvElem, const QS: usize, co
         );
     }
     let mut buffers = BUFFERS.take();
-    buffers.span.resize(room_len(head.hd), 0.0);
     let mut kv = Widened::<W, E> {
         head,
-        room: &mut buffers.span,
+        room: on_lines(&mut buffers.span, room_len(head.hd)),
         width: std::marker::PhantomData,
     };
     attend_rows_wide::<W, f32, QS, 4, ACC>(
