@@ -21,10 +21,10 @@ use crate::kernels::on_lines;
 
 /// The fewest queries in a pass (rows times the query heads of a key/value head) whose spans
 /// are widened first; fewer read the cache where it lies. Measured with `abench` (bf16, head
-/// size 128, six query heads to a key/value head, keys and values out of cache, 512-bit
-/// registers): 12 and 18 queries ran 2-20% slower widened, 24 level, 30 and more faster (the
-/// kernel log, "Widened once a pass").
-pub(crate) const WIDEN_FROM: usize = 28;
+/// size 128, keys and values out of cache and in L2, 512-bit registers, the room on a cache
+/// line's start): 8 queries ran 0.88x widened, 12 level, 16 1.05-1.12x, 18 1.13-1.15x, 24 1.22x
+/// (the kernel log, "Widened once a pass" and "A room on cache lines").
+pub(crate) const WIDEN_FROM: usize = 16;
 
 /// Whether a pass of `queries` queries over a cache of type `E` widens its spans first.
 #[inline(always)]
