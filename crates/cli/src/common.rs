@@ -39,7 +39,7 @@ pub struct KvCacheArgs {
     /// attention runs on tiles; f16 is llama.cpp's default cache); f32 keeps every digit the
     /// pass computed; q8_0 takes about half of bf16's (blocks of 32 int8s and an f16 scale,
     /// as llama.cpp's `-ctk q8_0 -ctv q8_0`; heads of a multiple of 32 dimensions). auto: bf16
-    /// where attention runs on AMX tiles, else f32.
+    /// where attention over it is the faster (AMX tiles, AVX-512), else f32.
     #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = kv_setting())]
     pub kv_cache_dtype: KvSetting,
 }

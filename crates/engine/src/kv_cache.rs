@@ -20,14 +20,14 @@ use half::{bf16, f16};
 
 impl KvDtype {
     /// The type a model with heads of `hd` caches in unless told otherwise, on the kernel class in
-    /// use (`kernels::isa`): bf16 where its attention runs on AMX tiles (`kernels::tiles_attend`),
-    /// where it reads half f32's bytes, measured faster than f32 in every pass at 16k tokens of
-    /// context, and agrees with the transformers fixtures as closely as f32 (f16 does not on
-    /// SmolLM2); f32 elsewhere, where the vector kernels widen bf16 at a cost that made passes of
-    /// eight rows slower than f32's at 16k on AVX-512 and AVX2 (one and two rows faster; eight
-    /// rows still ran 0.8x f32's with each block widened once into L1, `abench`, 2026-12-07).
+    /// use (`kernels::isa`): bf16 where the class's attention over bf16 heads ran faster than over
+    /// f32 ones at every pass width (`kernels::bf16_by_default`: on AMX tiles, and on AVX-512's
+    /// 512-bit registers, which widen a block at a time in wide passes), reading half f32's
+    /// bytes, in half its memory, and agreeing with the transformers fixtures as closely as f32
+    /// (f16 does not on SmolLM2); f32 elsewhere (AVX2, where widened bf16 ran slower than f32 from
+    /// four rows on, and the plain loops).
     pub fn auto(hd: usize) -> KvDtype {
-        if crate::kernels::tiles_attend(crate::kernels::isa(), hd) {
+        if crate::kernels::bf16_by_default(crate::kernels::isa(), hd) {
             KvDtype::Bf16
         } else {
             KvDtype::F32

@@ -265,8 +265,8 @@ fn grounded_prompts_accept_drafts_and_stay_identical() {
 }
 
 /// Every KV cache number type keeps speculative output (chains and trees) equal to plain output
-/// on a grounded prompt where drafts are accepted: f32 and f16 beside the default (bf16 on AMX
-/// tiles, f32 elsewhere, which the tests above run), and q8_0.
+/// on a grounded prompt where drafts are accepted: every type by name, whatever the default (bf16
+/// on AMX and AVX-512, f32 elsewhere) that the tests above run.
 #[test]
 fn every_cache_type_keeps_speculation_exact() {
     use engine::kv_cache::KvDtype;

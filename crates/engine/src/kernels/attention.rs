@@ -288,6 +288,15 @@ pub fn tiles_attend(isa: Isa, hd: usize) -> bool {
     isa.is_available() && isa.kernels().tiles_attend(hd)
 }
 
+/// Whether `isa`'s cache of `hd`-long heads is bf16 unless told otherwise (`KvDtype::auto`):
+/// where its attention over bf16 heads ran faster than over f32 heads at every pass width (on
+/// AMX tiles; on 512-bit registers, widened a block at a time). False for a class this CPU does
+/// not run.
+pub fn bf16_by_default(isa: Isa, hd: usize) -> bool {
+    let m = isa.kernels().attention.bf16_by_default;
+    isa.is_available() && m > 0 && hd.is_multiple_of(m)
+}
+
 /// The arithmetic `attend_rows` computes with on `isa` over a cache of `hd`-long heads (bf16 or
 /// not), by name: the keys and values a prefix cache keeps on disk were computed with it, and
 /// are used again only under the same name. Every kernel but the tiles gives the plain loops'

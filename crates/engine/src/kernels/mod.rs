@@ -58,7 +58,9 @@ mod table;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attention::{attend, attend_rows, attend_with, attention_arithmetic, tiles_attend};
+pub use attention::{
+    attend, attend_rows, attend_with, attention_arithmetic, bf16_by_default, tiles_attend,
+};
 pub use bandwidth::{
     amx_bf16_peak_gmacs, amx_int8_peak_gmacs, f32_peak_gmacs, int8_peak_gmacs, read_bandwidth,
 };

@@ -99,6 +99,10 @@ pub(super) struct Attention {
     pub f16: &'static [Attend<f16>],
     pub bf16: &'static [Attend<bf16>],
     pub q8: Option<AttendQ8>,
+    /// The head sizes (multiples of this; 0: none) whose cache is bf16 unless told otherwise
+    /// (`KvDtype::auto`): where the class's kernels over a bf16 head ran faster than over an f32
+    /// one at every pass width, reading half the bytes.
+    pub bf16_by_default: usize,
 }
 
 /// A matrix of a prompt rows' product and where its output goes.
@@ -169,6 +173,7 @@ pub(super) static SCALAR: Kernels = Kernels {
         f16: &[],
         bf16: &[],
         q8: None,
+        bf16_by_default: 0,
     },
     prompt_rows: None,
     int8_peak: None,

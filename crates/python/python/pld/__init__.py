@@ -205,7 +205,7 @@ class LLM:
     them (at most `prefix_cache_dir_bytes`, least recently used first; one process per directory);
     `kv_cache_dtype` is what the KV cache stores keys and values as: "bf16" or "f16" (half the
     memory and the bytes attention reads; on AMX, bf16's attention runs on tiles), "f32", or
-    "auto" (bf16 where attention runs on AMX tiles, else f32);
+    "auto" (bf16 where attention over it is the faster: AMX tiles, AVX-512; else f32);
     `kv_cache_bytes` bounds the bytes the batch's KV caches reserve together (`pld serve
     --kv-cache-bytes`): a prompt waits until its cache fits, the newest sequence is preempted and
     resumed later (its output unchanged) when an older one must grow past it, and a request that

@@ -26,6 +26,9 @@ pub(super) const ATTENTION: Attention = Attention {
         run: attend_rows_avx2::<half::bf16>,
     }],
     q8: Some(attend_rows_q8_avx2),
+    // Widened, bf16 ran 0.79-0.97x f32 from four rows on (`abench`, 256-bit registers of an
+    // AVX-512 Xeon, 2026-12-07): f32.
+    bf16_by_default: 0,
 };
 
 pub(crate) const AVX2: Kernels = Kernels {
