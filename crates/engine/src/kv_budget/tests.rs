@@ -8,6 +8,17 @@ use drafting::SpecConfig;
 
 use crate::test_models::tiny_llama as tiny;
 
+/// The tiny model with an f32 cache, whose bytes grow with every position: a bf16 cache's values
+/// take whole blocks of positions (`kv_cache::room`), so one position more may cost no byte, and
+/// these tests count positions against bytes one by one.
+fn tiny_f32() -> LoadedModel {
+    let mut lm = tiny();
+    lm.model
+        .set_kv_dtype(crate::kv_cache::KvDtype::F32)
+        .unwrap();
+    lm
+}
+
 /// Up to `max_new_tokens`, drafts of up to `k` tokens (0: none), greedy or seeded sampling.
 fn config(k: usize, max_new_tokens: usize, sampled: bool) -> GenerationConfig {
     GenerationConfig {
@@ -132,7 +143,7 @@ fn preempted_sequences_resume_with_their_outputs() {
 /// grow), and spares go before any sequence.
 #[test]
 fn fit_preempts_the_newest_and_drops_spares_first() {
-    let lm = tiny();
+    let lm = tiny_f32();
     let shape = lm.model.kv_shape();
     let decoding = |len: usize, capacity: usize| {
         let mut s =
@@ -190,7 +201,7 @@ fn fit_preempts_the_newest_and_drops_spares_first() {
 /// budget holds beside a prompt; the cache's bytes are what `bytes_for` says.
 #[test]
 fn requests_that_never_fit_are_refused_with_the_figures() {
-    let lm = tiny();
+    let lm = tiny_f32();
     let shape = lm.model.kv_shape();
     let budget = KvBudget {
         bytes: KvCache::bytes_for(shape, 300),
