@@ -24,8 +24,8 @@ impl KvDtype {
     /// f32 ones at every pass width (`kernels::bf16_by_default`: on AMX tiles, and on AVX-512's
     /// 512-bit registers, which widen a block at a time in wide passes), reading half f32's
     /// bytes, in half its memory, and agreeing with the transformers fixtures as closely as f32
-    /// (f16 does not on SmolLM2); f32 elsewhere (AVX2, where widened bf16 ran slower than f32 from
-    /// four rows on, and the plain loops).
+    /// (f16 does not on SmolLM2); f32 elsewhere (AVX2, not yet measured on a CPU of that class,
+    /// and the plain loops).
     pub fn auto(hd: usize) -> KvDtype {
         if crate::kernels::bf16_by_default(crate::kernels::isa(), hd) {
             KvDtype::Bf16

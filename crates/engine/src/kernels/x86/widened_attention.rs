@@ -39,20 +39,80 @@ struct Widened<'a, W, E> {
     width: std::marker::PhantomData<W>,
 }
 
-impl<W: Width, E: KvElem> Spans<f32> for Widened<'_, W, E> {
+/// How a width widens a span: in the sweep's own code on 512-bit registers; apart from it on
+/// 256-bit ones, whose sixteen registers the widening's constants would otherwise share with
+/// the sweep's accumulators (inlined, they pushed two of a score tile's accumulators to the
+/// stack: a store and a load beside every multiply-add, 25 against 34 G multiply-adds/s for f32
+/// read in place, `abench 64 16384 8 128 6 bf16`, `PLD_KERNEL=avx2`).
+trait Widen: Width {
+    /// `widen_keys` on this width.
+    ///
+    /// # Safety
+    /// As `widen_keys`.
+    unsafe fn keys<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), keys: &mut [f32]);
+    /// `widen_values` on this width.
+    ///
+    /// # Safety
+    /// As `widen_values`.
+    unsafe fn values<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), values: &mut [f32]);
+}
+
+impl Widen for Zmm {
+    #[inline(always)]
+    unsafe fn keys<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), keys: &mut [f32]) {
+        widen_keys::<Zmm, E>(h, span, keys)
+    }
+    #[inline(always)]
+    unsafe fn values<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), values: &mut [f32]) {
+        widen_values::<Zmm, E>(h, span, values)
+    }
+}
+
+impl Widen for Ymm<false> {
+    #[inline(always)]
+    unsafe fn keys<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), keys: &mut [f32]) {
+        widen_keys_ymm(h, span, keys)
+    }
+    #[inline(always)]
+    unsafe fn values<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), values: &mut [f32]) {
+        widen_values_ymm(h, span, values)
+    }
+}
+
+/// `widen_keys` on 256-bit registers, compiled apart from the sweep (`Widen`).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; as `widen_keys`.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_keys_ymm<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), keys: &mut [f32]) {
+    widen_keys::<Ymm<false>, E>(h, span, keys)
+}
+
+/// `widen_values` on 256-bit registers, compiled apart from the sweep (`Widen`).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; as `widen_values`.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_values_ymm<E: KvElem>(h: &KvOf<'_, E>, span: (usize, usize), values: &mut [f32]) {
+    widen_values::<Ymm<false>, E>(h, span, values)
+}
+
+impl<W: Widen, E: KvElem> Spans<f32> for Widened<'_, W, E> {
     fn shape(&self) -> (usize, usize) {
         (self.head.hd, self.head.len)
     }
 
     #[inline(always)]
     unsafe fn keys(&mut self, from: usize, to: usize) -> (KvOf<'_, f32>, usize) {
-        widen_keys::<W, E>(&self.head, (from, to), self.room);
+        W::keys(&self.head, (from, to), self.room);
         room_view(self.room, self.head.hd, (from, to))
     }
 
     #[inline(always)]
     unsafe fn values(&mut self, from: usize, to: usize) -> (KvOf<'_, f32>, usize) {
-        widen_values::<W, E>(&self.head, (from, to), self.room);
+        W::values(&self.head, (from, to), self.room);
         room_view(self.room, self.head.hd, (from, to))
     }
 }
@@ -122,7 +182,7 @@ unsafe fn widen_values<W: Width, E: KvElem>(
 /// the bounds are those `kernels::attend_rows` checks (`KvOf::check`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_rows_on<W: Width + BlockWeights, E: KvElem, const QS: usize, const ACC: usize>(
+unsafe fn attend_rows_on<W: Widen + BlockWeights, E: KvElem, const QS: usize, const ACC: usize>(
     q: &[f32],
     q_stride: usize,
     rows: usize,

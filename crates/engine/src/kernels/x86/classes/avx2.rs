@@ -26,8 +26,9 @@ pub(super) const ATTENTION: Attention = Attention {
         run: attend_rows_avx2::<half::bf16>,
     }],
     q8: Some(attend_rows_q8_avx2),
-    // Widened, bf16 ran 0.79-0.97x f32 from four rows on (`abench`, 256-bit registers of an
-    // AVX-512 Xeon, 2026-12-07): f32.
+    // On an AVX-512 Xeon's 256-bit path bf16 ran 1.05-1.38x f32 at every width over 16k
+    // positions (`abench`, 2026-12-07, the kernel log), but no CPU of this class has been
+    // measured: f32 until one is.
     bf16_by_default: 0,
 };
 
