@@ -203,8 +203,8 @@ impl Buffers {
             // mixture's experts keep their own.
             gate: Vec::new(),
             up: Vec::new(),
-            // One cache line more: attention writes from the first line's start (`on_lines`).
-            job_out: vec![0f32; n * qd + 16],
+            // Sized where attention takes it, from a cache line's start (`on_lines`).
+            job_out: Vec::new(),
         }
     }
 }

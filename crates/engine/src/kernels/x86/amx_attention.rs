@@ -33,6 +33,7 @@
 use super::amx::{load_config, release, Config};
 use super::amx_softmax::{store_bf16, tile_weights, BLOCK};
 use crate::kernels::kv::{KvOf, KvStored, TreeMask};
+use crate::kernels::on_lines;
 use crate::kernels::online_softmax::{normalize, ATTENTION_BLOCK};
 use half::bf16;
 use std::arch::asm;
@@ -202,13 +203,12 @@ impl Scratch {
             queries.next_multiple_of(16),
             queries.next_multiple_of(16),
         ];
-        v.clear();
-        v.resize(parts.iter().sum::<usize>() + 16, 0.0);
-        let skip = v.as_ptr().align_offset(64);
-        let mut at = v[skip..].as_mut_ptr();
+        let v = on_lines(v, parts.iter().sum());
+        v.fill(0.0);
+        let mut at = v.as_mut_ptr();
         let mut next = |n: usize| {
             let p = at;
-            // SAFETY: the parts lie inside `v`, which holds their sum past the alignment.
+            // SAFETY: the parts lie inside `v`, which holds their sum.
             at = unsafe { at.add(n) };
             p
         };
