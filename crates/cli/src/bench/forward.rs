@@ -459,13 +459,14 @@ fn forward_one(a: &ForwardArgs, threads: usize) -> anyhow::Result<ForwardRun> {
         passes: m
             .passes
             .iter()
-            .map(|p| PassTiming {
+            .map(|p| (p, l.pass_ms(p.rows, p.experts)))
+            .map(|(p, limit_ms)| PassTiming {
                 tokens: p.rows,
                 ms: p.ms,
                 fastest_ms: p.fastest_ms,
                 ratio_to_one: p.ms / one,
-                limit_ms: l.pass_ms(p.rows, p.experts),
-                share_of_limit: l.pass_ms(p.rows, p.experts) / p.ms,
+                limit_ms,
+                share_of_limit: limit_ms / p.ms,
                 experts_per_layer: p.experts.map(|x| x.per_layer),
                 expert_bytes: p.experts.map(|x| x.bytes),
                 attention_ms: Some(p.attention_ms),

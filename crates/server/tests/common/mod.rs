@@ -164,16 +164,20 @@ pub async fn run_client(script: &str, args: Vec<String>) {
     run_python_with(args, Some(dir), script).await;
 }
 
-/// The value of metric `name` on the server at `base` (as `c` reads `/metrics`), NaN when absent.
-pub async fn metric_by(c: &reqwest::Client, base: &str, name: &str) -> f64 {
-    let m = c
-        .get(format!("{base}/metrics"))
+/// The server's `/metrics` page at `base`, as `c` reads it.
+pub async fn metrics_by(c: &reqwest::Client, base: &str) -> String {
+    c.get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The value of metric `name` on the server at `base` (as `c` reads `/metrics`), NaN when absent.
+pub async fn metric_by(c: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let m = metrics_by(c, base).await;
     m.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())

@@ -68,9 +68,7 @@ async fn bad_requests_get_openai_errors() {
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_error(s, &v, 400);
     assert_eq!(v["error"]["param"], "prompt_lookup_min", "{v}");
-    // The server is still serving.
-    let (s, _) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
-    assert_eq!(s, 200);
+    still_serving(&base).await;
 }
 
 /// llama.cpp's constraints (a json_object with a schema, a top-level json_schema, a GBNF
@@ -114,9 +112,7 @@ async fn grammars_and_schemas_constrain_or_are_refused() {
     let (s, v) = post(&base, "/v1/chat/completions", body).await;
     assert_error(s, &v, 400);
     assert_eq!(v["error"]["param"], "grammar", "{v}");
-    // The server is still serving.
-    let (s, _) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
-    assert_eq!(s, 200);
+    still_serving(&base).await;
 }
 
 /// A final assistant message is continued, implicitly or with vLLM's `continue_final_message`;
@@ -182,9 +178,7 @@ async fn final_assistant_message_is_continued() {
     let cont = json!({"continue_final_message": true});
     let (s, u) = post(&base, "/v1/chat/completions", ask(cont, no_assistant)).await;
     assert_error(s, &u, 400);
-    // The server is still serving.
-    let (s, _) = post(&base, "/v1/chat/completions", chat("hi", 2)).await;
-    assert_eq!(s, 200);
+    still_serving(&base).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,14 +306,7 @@ async fn strict_requests_name_the_field_at_fault() {
         .unwrap();
     let s = r.status().as_u16();
     assert_error(s, &r.json().await.unwrap(), 405);
-    let metrics = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_by(&client(), &base).await;
     for status in ["404", "405"] {
         assert!(
             metrics.contains(&format!("pld_requests_total{{status=\"{status}\"}} 1")),

@@ -30,6 +30,12 @@ fn assert_error(status: u16, body: &Value, want: u16) {
     }
 }
 
+/// The server at `base` still answers a chat request, after whatever was sent it before.
+async fn still_serving(base: &str) {
+    let (s, _) = post(base, "/v1/chat/completions", chat("hi", 2)).await;
+    assert_eq!(s, 200);
+}
+
 /// The data lines of an SSE response.
 async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
     sse_by(&client(), base, path, body).await

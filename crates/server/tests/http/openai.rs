@@ -93,14 +93,7 @@ async fn chat_and_text_completions() {
             .status(),
         200
     );
-    let m = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics_by(&client(), &base).await;
     for name in [
         "pld_requests_total{status=\"200\"}",
         "pld_generation_tokens_total",

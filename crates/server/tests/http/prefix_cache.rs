@@ -27,15 +27,7 @@ async fn corpus_drafts_never_cross_api_keys() {
     let corpus_counts = || {
         let base = base.clone();
         async move {
-            let text = client()
-                .get(format!("{base}/metrics"))
-                .bearer_auth("alice")
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = metrics_by(&client_of("alice"), &base).await;
             let get = |name: &str| -> u64 {
                 let key = format!("{name}{{source=\"corpus\"}} ");
                 let line = text.lines().find(|l| l.starts_with(&key)).expect(&key);
@@ -191,15 +183,7 @@ async fn model_predictions_warm_up_within_a_tenant_only() {
     let accepted_model = || {
         let base = base.clone();
         async move {
-            let text = client()
-                .get(format!("{base}/metrics"))
-                .bearer_auth("alice")
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = metrics_by(&client_of("alice"), &base).await;
             let key = "pld_spec_decode_accepted_tokens_by_source_total{source=\"model\"} ";
             let line = text.lines().find(|l| l.starts_with(key)).expect(key);
             line[key.len()..].parse::<u64>().unwrap()
